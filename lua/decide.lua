@@ -1,0 +1,70 @@
+-- Decide one whole request atomically: evaluate every check, apply the admission rule
+-- (mirror of rls/engine/admission.py), then charge the selected checks. One EVALSHA per request.
+--
+-- KEYS[i]: counter key of check i.
+-- ARGV[1]: now in ms, or '' to use Redis TIME (one clock for all replicas).
+-- ARGV[2 + (i-1)*7 ..]: algorithm id, flags, hits, limit, window ms, param 1, param 2.
+-- Returns {admitted, then per check: ok, charged, remaining, reset ms, used}.
+local SHADOW, QUOTA, CHARGE_ALWAYS, NEGATIVE = 1, 2, 4, 8
+local STRIDE = 7
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local n = #KEYS
+local args, res = {}, {}
+local admitted, quota_seen, quota_room = true, false, false
+for i = 1, n do
+  local b = 2 + (i - 1) * STRIDE
+  local a = {
+    algo = ALGOS[tonumber(ARGV[b])], flags = tonumber(ARGV[b + 1]), hits = tonumber(ARGV[b + 2]),
+    cap = tonumber(ARGV[b + 3]), window = tonumber(ARGV[b + 4]),
+    p1 = tonumber(ARGV[b + 5]), p2 = tonumber(ARGV[b + 6]),
+  }
+  a.ok, a.rem_charged, a.rem_uncharged, a.reset, a.used, a.state =
+    a.algo.evaluate(KEYS[i], now, a.cap, a.window, a.hits, a.p1, a.p2)
+  args[i] = a
+  local f = a.flags
+  if bit.band(f, NEGATIVE) == 0 then
+    if bit.band(f, QUOTA) ~= 0 then
+      quota_seen = true
+      if a.ok or bit.band(f, SHADOW) ~= 0 then quota_room = true end
+    elseif not a.ok and bit.band(f, SHADOW) == 0 then
+      admitted = false
+    end
+  end
+end
+if quota_seen and not quota_room then admitted = false end
+
+res[1] = admitted and 1 or 0
+for i = 1, n do
+  local a = args[i]
+  local f = a.flags
+  local charge = bit.band(f, NEGATIVE + CHARGE_ALWAYS) ~= 0
+    or (admitted and (a.ok or bit.band(f, SHADOW) ~= 0))
+  local o = 2 + (i - 1) * 5
+  local ok, remaining = a.ok, 0
+  if charge then
+    if bit.band(f, NEGATIVE) ~= 0 then
+      remaining = a.algo.release(KEYS[i], now, a.cap, a.window, a.hits, a.used, a.state,
+        a.p1, a.p2)
+      ok = true
+    else
+      a.algo.charge(KEYS[i], now, a.cap, a.window, a.hits, a.used, a.state, a.p1, a.p2)
+      remaining = a.rem_charged
+    end
+  elseif ok then
+    remaining = a.rem_uncharged
+  end
+  res[o] = ok and 1 or 0
+  res[o + 1] = charge and 1 or 0
+  res[o + 2] = remaining
+  res[o + 3] = a.reset
+  res[o + 4] = a.used
+end
+return res

@@ -1,0 +1,3 @@
+from rls.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Admin HTTP API: metrics, health, config dump, decisions as JSON."""

@@ -1,0 +1,104 @@
+"""Admin HTTP API (default 127.0.0.1:8080): health, metrics, config dump, /json decisions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from aiohttp import web
+from envoy.service.ratelimit.v3 import rls_pb2
+from google.protobuf import json_format
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from rls.config.model import RateLimitConfig
+from rls.engine.limiter import InvalidRequest
+from rls.metrics import Metrics
+from rls.services.ratelimit import RateLimitService
+
+
+class AdminState:
+    """What the admin endpoints read; `draining` flips /healthcheck to 500 on shutdown."""
+
+    def __init__(
+        self,
+        service: RateLimitService,
+        metrics: Metrics,
+        config: Callable[[], RateLimitConfig | None],
+    ) -> None:
+        self.service = service
+        self.metrics = metrics
+        self.config = config
+        self.draining = False
+
+
+def create_app(state: AdminState) -> web.Application:
+    app = web.Application(client_max_size=1024 * 1024)
+    app["state"] = state
+    app.router.add_get("/healthcheck", healthcheck)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/rlconfig", rlconfig)
+    app.router.add_route("*", "/json", json_decide)
+    return app
+
+
+async def healthcheck(request: web.Request) -> web.Response:
+    state: AdminState = request.app["state"]
+    if state.draining or state.config() is None:
+        return web.Response(status=500, text="")
+    return web.Response(text="OK")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state: AdminState = request.app["state"]
+    body = generate_latest(state.metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def rlconfig(request: web.Request) -> web.Response:
+    """One line per limit, in the reference's format, then extension fields."""
+    state: AdminState = request.app["state"]
+    config = state.config()
+    if config is None:
+        return web.Response(status=503, text="no rate limit configuration loaded\n")
+    lines = []
+    for limit in config.all_limits():
+        if limit.unlimited:
+            line = f"{limit.full_key}: unlimited"
+        else:
+            line = (
+                f"{limit.full_key}: unit={limit.unit.name} "
+                f"requests_per_unit={limit.requests_per_unit}"
+            )
+        line += f", shadow_mode: {str(limit.shadow_mode).lower()}"
+        line += f", quota_mode: {str(limit.quota_mode).lower()}"
+        if limit.algorithm != "fixed_window":
+            line += f", algorithm: {limit.algorithm}"
+        if limit.unit_multiplier != 1:
+            line += f", unit_multiplier: {limit.unit_multiplier}"
+        if limit.name:
+            line += f", name: {limit.name}"
+        lines.append(line)
+    return web.Response(text="\n".join(lines) + ("\n" if lines else ""))
+
+
+async def json_decide(request: web.Request) -> web.Response:
+    """ShouldRateLimit with a proto3-JSON RateLimitRequest body (envoyproxy/ratelimit /json)."""
+    state: AdminState = request.app["state"]
+    body = await request.text()
+    if not body.strip():
+        return web.Response(status=400, text="Bad Request\n")
+    try:
+        req = json_format.Parse(body, rls_pb2.RateLimitRequest())
+    except (json_format.ParseError, ValueError) as exc:
+        return web.Response(status=400, text=f"Bad Request: {exc}\n")
+    try:
+        resp = await state.service.decide(req)
+    except (InvalidRequest, RuntimeError) as exc:
+        return web.Response(status=400, text=f"Bad Request: {exc}\n")
+    payload = json_format.MessageToDict(resp)
+    status = 429 if resp.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT else 200
+    if resp.overall_code == rls_pb2.RateLimitResponse.UNKNOWN:
+        status = 500
+    return web.Response(
+        status=status, text=json.dumps(payload), content_type="application/json"
+    )

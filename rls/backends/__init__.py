@@ -1,0 +1,16 @@
+"""Counter stores behind one interface: embedded memory (default) and Redis."""
+
+from __future__ import annotations
+
+from rls.backends.base import Backend, BackendError
+from rls.backends.memory import MemoryBackend
+
+__all__ = ["Backend", "BackendError", "MemoryBackend", "create_backend"]
+
+
+def create_backend(redis_url: str | None, **options: object) -> Backend:
+    if not redis_url:
+        return MemoryBackend()
+    from rls.backends.redis import RedisBackend
+
+    return RedisBackend(redis_url, **options)  # type: ignore[arg-type]

@@ -1,0 +1,100 @@
+"""Embedded in-memory counters: the default when no Redis is configured.
+
+One process, one event loop: a request is decided without awaiting, so it is atomic. Expired
+entries are dropped lazily on access and by a periodic sweep, so memory follows live keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rls.engine.admission import admit
+from rls.engine.algorithms import ALGORITHMS
+from rls.engine.model import NEGATIVE, Check, Outcome, Verdict
+
+
+class MemoryBackend:
+    name = "memory"
+
+    def __init__(self, clock: Callable[[], float] = time.time, sweep_interval: float = 5.0):
+        self._clock = clock
+        self._data: dict[str, tuple[Any, int]] = {}
+        self._sweep_interval = sweep_interval
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    async def start(self) -> None:
+        if self._sweeper is None and self._sweep_interval > 0:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+
+    async def healthy(self) -> bool:
+        return True
+
+    def _state(self, key: str, now_ms: int) -> Any:
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        if entry[1] < now_ms:
+            del self._data[key]
+            return None
+        return entry[0]
+
+    async def decide(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
+        return self.decide_now(checks, now_ms)
+
+    def decide_now(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
+        if now_ms is None:
+            now_ms = int(self._clock() * 1000)
+        states = []
+        evals = []
+        for check in checks:
+            state = self._state(check.key, now_ms)
+            states.append(state)
+            algo = ALGORITHMS[check.limit.algorithm]
+            evals.append(algo.evaluate(state, now_ms, check.limit, check.hits))
+        flags = [c.flags for c in checks]
+        admitted, charge = admit(flags, [e[0] for e in evals])
+        outcomes = []
+        for check, state, ev, do_charge in zip(checks, states, evals, charge, strict=True):
+            ok, rem_charged, rem_uncharged, reset, used = ev
+            if do_charge:
+                algo = ALGORITHMS[check.limit.algorithm]
+                if check.flags & NEGATIVE:
+                    new_state, expires = algo.release(state, now_ms, check.limit, check.hits)
+                    ok, _, rem_charged, reset, used = algo.evaluate(
+                        new_state, now_ms, check.limit, 0
+                    )
+                    ok = True
+                else:
+                    new_state, expires = algo.charge(state, now_ms, check.limit, check.hits)
+                self._data[check.key] = (new_state, expires)
+                outcomes.append(Outcome(ok, True, rem_charged, reset, used))
+            else:
+                outcomes.append(Outcome(ok, False, rem_uncharged if ok else 0, reset, used))
+        return Verdict(admitted, outcomes)
+
+    def sweep(self, now_ms: int | None = None) -> int:
+        if now_ms is None:
+            now_ms = int(self._clock() * 1000)
+        dead = [k for k, (_, exp) in self._data.items() if exp < now_ms]
+        for k in dead:
+            del self._data[k]
+        return len(dead)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._sweep_interval)
+            self.sweep()

@@ -1,0 +1,133 @@
+"""`rls serve`, `rls check-config`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+
+from rls.config.errors import ConfigError
+from rls.config.loader import discover, load_files, read_text
+from rls.logging_setup import setup_logging
+from rls.settings import Settings, env_value, parse_bool
+
+# Settings exposed as flags: name -> help. Every flag also reads RLS_<NAME>.
+FLAGS = {
+    "grpc_addr": "gRPC listen address (RateLimitService, health)",
+    "http_addr": "admin HTTP listen address",
+    "redis_url": "redis://, rediss:// or unix:// URL; none = embedded in-memory backend",
+    "cache_config": "response cache rules (ext_proc)",
+    "workers": "worker processes sharing the gRPC port",
+    "failure_mode": "answer when the backend fails: allow (OK) or deny (OVER_LIMIT)",
+    "backend_timeout_ms": "deadline for one backend call",
+    "log_format": "text or json",
+    "log_level": "debug, info, warning, error",
+    "shadow_mode": "global shadow mode: report OVER_LIMIT as OK",
+    "quota_mode": "treat every descriptor as a quota",
+    "limiting_off": "degradation switch: always answer OK",
+    "merge_domains": "allow one domain to span several files",
+    "near_limit_ratio": "fraction of a limit counted as near_limit",
+    "key_prefix": "prefix of every counter key",
+    "reload_interval": "seconds between config change checks (0 = no reload)",
+    "max_descriptors": "most descriptors per request",
+    "max_entries": "most entries per descriptor",
+    "max_value_bytes": "longest entry key or value",
+    "max_request_bytes": "largest request message",
+    "response_headers": "add RateLimit-Limit/-Remaining/-Reset to responses",
+}
+
+
+def _settings_from(args: argparse.Namespace) -> Settings:
+    settings = Settings()
+    types = {f.name: f.type for f in fields(Settings)}
+    for name in FLAGS:
+        value = getattr(args, name, None)
+        if value is None:
+            value = env_value(name)
+        if value is None:
+            continue
+        kind = types[name]
+        kind = kind if isinstance(kind, str) else kind.__name__
+        if kind == "bool":
+            value = value if isinstance(value, bool) else parse_bool(str(value))
+        elif kind == "int":
+            value = int(value)
+        elif kind == "float":
+            value = float(value)
+        setattr(settings, name, value)
+    config = list(args.config or [])
+    if not config:
+        env_config = env_value("config")
+        if env_config:
+            config = env_config.split(",")
+    settings.config = config
+    settings.validate()
+    return settings
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rls", description="Envoy rate-limit service")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the service")
+    serve.add_argument(
+        "--config", action="append", help="descriptor file or directory (repeatable)"
+    )
+    types = {f.name: f.type for f in fields(Settings)}
+    for name, text in FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        kind = types[name] if isinstance(types[name], str) else types[name].__name__
+        if kind == "bool":
+            serve.add_argument(flag, action="store_true", default=None, help=text)
+        else:
+            serve.add_argument(flag, default=None, help=f"{text} (env RLS_{name.upper()})")
+    check = sub.add_parser("check-config", help="validate descriptor files and directories")
+    check.add_argument("paths", nargs="+")
+    check.add_argument("--merge-domains", action="store_true")
+    return parser
+
+
+def check_config(paths: Sequence[str], merge_domains: bool) -> int:
+    """Validate every file; print `file: message` per error; exit 1 on any error."""
+    errors = 0
+    files: list[tuple[str, str]] = []
+    try:
+        names = discover(paths)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for name in names:
+        try:
+            text = read_text(name)
+            load_files([(name, text)], merge_domains=True)
+            files.append((name, text))
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            errors += 1
+    if not errors:
+        try:  # cross-file conditions: duplicate domains, duplicate nodes when merging
+            config = load_files(files, merge_domains)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        print(f"OK: {len(files)} file(s), {len(config.domains)} domain(s)")
+    return 1 if errors else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return check_config(args.paths, args.merge_domains)
+    try:
+        settings = _settings_from(args)
+    except ValueError as exc:
+        print(f"rls: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level, settings.log_format)
+    from rls.server import serve
+
+    try:
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        return 0

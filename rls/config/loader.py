@@ -1,0 +1,83 @@
+"""Find descriptor files, parse them, and build one immutable RateLimitConfig.
+
+A load is all-or-nothing: the first error aborts it and the caller keeps the previous config.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from rls.config.errors import ConfigError
+from rls.config.model import Domain, Level, RateLimitConfig
+from rls.config.parser import DomainParser, check_keys, parse_yaml
+
+CONFIG_SUFFIXES = (".yaml", ".yml")
+
+
+def discover(paths: Iterable[str]) -> list[str]:
+    """Files behind `paths`: files as given, directories walked (sorted, hidden entries skipped).
+
+    Hidden entries are skipped so that Kubernetes ConfigMap mounts (`..data`, `..2024_…`) are
+    read once, through the visible symlinks, instead of twice.
+    """
+    found: list[str] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            for root, dirs, files in os.walk(path, followlinks=True):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(files):
+                    if not name.startswith(".") and name.endswith(CONFIG_SUFFIXES):
+                        found.append(os.path.join(root, name))
+        elif path.exists():
+            found.append(str(path))
+        else:
+            raise ConfigError(str(path), "no such file or directory")
+    return found
+
+
+def load_files(
+    files: Iterable[tuple[str, str]], merge_domains: bool = False
+) -> RateLimitConfig:
+    """Build a config from (file name, text) pairs; raises ConfigError naming the bad file."""
+    config = RateLimitConfig()
+    for file, text in files:
+        doc = parse_yaml(file, text)
+        if doc is not None and not isinstance(doc, dict):
+            raise ConfigError(file, "error loading config file: yaml: document must be a map")
+        doc = doc or {}
+        check_keys(file, doc)
+        domain_name = doc.get("domain")
+        if not isinstance(domain_name, str) or not domain_name:
+            if domain_name is not None and not isinstance(domain_name, str):
+                domain_name = str(domain_name)
+            if not domain_name:
+                raise ConfigError(file, "config file cannot have empty domain")
+        domain = config.domains.get(domain_name)
+        if domain is None:
+            domain = Domain(name=domain_name, root=Level())
+            config.domains[domain_name] = domain
+        elif not merge_domains:
+            raise ConfigError(file, f"duplicate domain '{domain_name}' in config file")
+        domain.files.append(file)
+        DomainParser(file, domain_name).add_descriptors(
+            domain.root, doc.get("descriptors"), domain_name
+        )
+        config.files.append(file)
+    return config
+
+
+def read_text(file: str) -> str:
+    try:
+        with open(file, encoding="utf-8") as fh:
+            return fh.read()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(file, f"error loading config file: not UTF-8: {exc.reason}") from None
+    except OSError as exc:
+        raise ConfigError(file, f"error loading config file: {exc.strerror}") from None
+
+
+def load_paths(paths: Iterable[str], merge_domains: bool = False) -> RateLimitConfig:
+    return load_files(((f, read_text(f)) for f in discover(paths)), merge_domains)

@@ -1,0 +1,63 @@
+"""Descriptor matching, exactly in the reference order.
+
+Per request entry: exact `key=value` node, then the level's wildcard nodes for that key in
+config order (first match wins), then the key-only default node. No backtracking, and the
+request must end on a node that carries a limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rls.config.model import Domain, Node
+
+
+def match(domain: Domain, entries: Sequence[tuple[str, str]]) -> list[Node] | None:
+    """The nodes matched level by level, or None when the descriptor has no limit."""
+    if not entries:
+        return None
+    level = domain.root
+    path: list[Node] = []
+    last = len(entries) - 1
+    for i, (key, value) in enumerate(entries):
+        node = None
+        values = level.by_key.get(key)
+        if values is not None and value:
+            node = values.get(value)
+        if node is None:
+            patterns = level.wildcards.get(key)
+            if patterns is not None:
+                for regex, candidate in patterns:
+                    if regex.fullmatch(value) is not None:
+                        node = candidate
+                        break
+            if node is None:
+                node = level.defaults.get(key)
+                if node is None:
+                    return None
+        path.append(node)
+        if i == last:
+            return path if node.limits else None
+        if node.children is None:
+            return None
+        level = node.children
+    return None
+
+
+def stats_key(domain: str, path: Sequence[Node], entries: Sequence[tuple[str, str]]) -> str:
+    """Reference stats key for a match whose path uses detailed_metric or value_to_metric."""
+    if path[-1].detailed_metric:
+        return ".".join([domain] + [f"{k}_{v}" for k, v in entries])
+    parts = [domain]
+    for node, (key, value) in zip(path, entries, strict=True):
+        if node.value_to_metric and not node.share_threshold:
+            parts.append(f"{key}_{value}")
+        else:
+            parts.append(node.stats_part)
+    return ".".join(parts)
+
+
+def needs_dynamic_stats(path: Sequence[Node]) -> bool:
+    return path[-1].detailed_metric or any(
+        n.value_to_metric and (not n.value or "*" in n.value) for n in path
+    )

@@ -1,0 +1,329 @@
+"""Parse and validate one descriptor YAML document, with the reference service's conditions.
+
+Validation mirrors envoyproxy/ratelimit (see reference/ratelimit-compat.md §1.3): a flat key
+whitelist checked at any depth (metadata excepted), then typed checks. Messages are the
+reference's so that operators grepping for them find the same text. Extensions of DESIGN §5
+are validated here too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+
+from rls.config.errors import ConfigError
+from rls.config.model import ALGORITHMS, UNIT_SECONDS, Level, Limit, Node, Unit
+
+REFERENCE_KEYS = frozenset(
+    {
+        "domain",
+        "key",
+        "value",
+        "descriptors",
+        "rate_limit",
+        "unit",
+        "requests_per_unit",
+        "unlimited",
+        "shadow_mode",
+        "quota_mode",
+        "name",
+        "replaces",
+        "detailed_metric",
+        "value_to_metric",
+        "share_threshold",
+        "metadata",
+    }
+)
+EXTENSION_KEYS = frozenset(
+    {
+        "rate_limits",
+        "algorithm",
+        "unit_multiplier",
+        "burst",
+        "overdraft",
+        "calendar",
+        "timezone",
+        "charge",
+        "usage_stats",
+        "failure_mode",
+    }
+)
+VALID_KEYS = REFERENCE_KEYS | EXTENSION_KEYS
+UINT32_MAX = 4294967295
+
+
+def parse_yaml(file: str, text: str) -> Any:
+    """First YAML document of `text` (the reference reads only the first)."""
+    try:
+        for doc in yaml.safe_load_all(text):
+            return doc
+        return None
+    except yaml.YAMLError as exc:
+        raise ConfigError(file, f"error loading config file: {_yaml_error(exc)}") from None
+
+
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is not None:
+        return f"yaml: line {mark.line + 1}: {problem}"
+    return f"yaml: {problem}"
+
+
+def check_keys(file: str, obj: Any) -> None:
+    """The reference's generic pass: every map key at any depth must be a whitelisted string."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise ConfigError(file, f"config error, key is not of type string: {_render(k)}")
+            if k not in VALID_KEYS:
+                raise ConfigError(file, f"config error, unknown key '{k}'")
+            if k == "metadata":
+                continue  # arbitrary user data, not validated (reference behaviour)
+            check_keys(file, v)
+    elif isinstance(obj, list):
+        for item in obj:
+            if not isinstance(item, dict):
+                raise ConfigError(
+                    file,
+                    "config error, yaml file contains list of type other than map: "
+                    f"{_render(item)}",
+                )
+            check_keys(file, item)
+    elif obj is None or isinstance(obj, (str, bool, int)):
+        return
+    else:
+        raise ConfigError(file, "error checking config")
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    return str(value)
+
+
+def _as_str(file: str, value: Any, field: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int)):
+        return str(value)
+    raise ConfigError(
+        file, f"error loading config file: yaml: unmarshal errors: cannot unmarshal {field}"
+    )
+
+
+def _as_bool(file: str, value: Any, field: str) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(
+        file,
+        "error loading config file: yaml: unmarshal errors: "
+        f"cannot unmarshal {_render(value)!r} into bool field '{field}'",
+    )
+
+
+def _as_uint(file: str, value: Any, field: str, maximum: int = UINT32_MAX) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise ConfigError(
+            file,
+            "error loading config file: yaml: unmarshal errors: "
+            f"cannot unmarshal {_render(value)!r} into unsigned integer field '{field}'",
+        )
+    return value
+
+
+def _as_list(file: str, value: Any, field: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(
+            file,
+            "error loading config file: yaml: unmarshal errors: "
+            f"cannot unmarshal {type(value).__name__} into list field '{field}'",
+        )
+    return value
+
+
+def parse_unit(text: str) -> Unit | None:
+    try:
+        unit = Unit[text.upper()]
+    except KeyError:
+        return None
+    return None if unit is Unit.UNKNOWN else unit
+
+
+class DomainParser:
+    """Builds the node tree of one file into an existing domain root (merging allowed)."""
+
+    def __init__(self, file: str, domain: str) -> None:
+        self.file = file
+        self.domain = domain
+
+    def fail(self, message: str) -> ConfigError:
+        return ConfigError(self.file, message)
+
+    def add_descriptors(self, level: Level, items: Any, parent_path: str) -> None:
+        for raw in _as_list(self.file, items, "descriptors"):
+            node = self._node(raw, parent_path)
+            self._insert(level, node, parent_path)
+
+    def _insert(self, level: Level, node: Node, parent_path: str) -> None:
+        composite = f"{node.key}_{node.value}" if node.value else node.key
+        values = level.by_key.setdefault(node.key, {})
+        if node.value in values or (not node.value and node.key in level.defaults):
+            raise self.fail(
+                f"duplicate descriptor composite key '{parent_path}.{composite}'"
+            )
+        values[node.value] = node
+        level.ordered.append(node)
+        if not node.value:
+            level.defaults[node.key] = node
+        elif "*" in node.value:
+            level.wildcards.setdefault(node.key, []).append((wildcard_regex(node.value), node))
+
+    def _node(self, raw: dict[str, Any], parent_path: str) -> Node:
+        key = _as_str(self.file, raw.get("key"), "key")
+        if not key:
+            raise self.fail("descriptor has empty key")
+        value = _as_str(self.file, raw.get("value"), "value")
+        composite = f"{key}_{value}" if value else key
+        path = f"{parent_path}.{composite}"
+        share = _as_bool(self.file, raw.get("share_threshold"), "share_threshold")
+        if share and "*" not in value:
+            raise self.fail(
+                "share_threshold can only be used with wildcard values (containing '*'), "
+                f"but found key '{composite}'"
+            )
+        metadata = raw.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise self.fail("error parsing metadata: metadata must be a map")
+        node = Node(
+            key=key,
+            value=value,
+            detailed_metric=_as_bool(self.file, raw.get("detailed_metric"), "detailed_metric"),
+            value_to_metric=_as_bool(self.file, raw.get("value_to_metric"), "value_to_metric"),
+            share_threshold=share,
+            metadata=metadata,
+            stats_part=composite,
+        )
+        shadow = _as_bool(self.file, raw.get("shadow_mode"), "shadow_mode")
+        quota = _as_bool(self.file, raw.get("quota_mode"), "quota_mode")
+        specs: list[Any] = []
+        if raw.get("rate_limit") is not None:
+            specs.append(raw["rate_limit"])
+        specs.extend(_as_list(self.file, raw.get("rate_limits"), "rate_limits"))
+        limits = []
+        for index, spec in enumerate(specs):
+            if not isinstance(spec, dict):
+                raise self.fail(
+                    "error loading config file: yaml: unmarshal errors: rate_limit must be a map"
+                )
+            limits.append(self._limit(spec, path, shadow, quota, index))
+        self._check_limit_set(limits, path)
+        node.limits = tuple(limits)
+        child_items = raw.get("descriptors")
+        if child_items:
+            node.children = Level()
+            self.add_descriptors(node.children, child_items, path)
+        return node
+
+    def _check_limit_set(self, limits: list[Limit], path: str) -> None:
+        if len(limits) > 1 and any(lim.unlimited for lim in limits):
+            raise self.fail(f"'{path}': unlimited cannot be combined with other rate limits")
+        seen: set[str] = set()
+        for lim in limits:
+            if lim.ident in seen:
+                raise self.fail(
+                    f"'{path}': two rate limits with the same algorithm and window; "
+                    "give one a different unit, unit_multiplier or algorithm"
+                )
+            seen.add(lim.ident)
+
+    def _limit(
+        self, spec: dict[str, Any], path: str, shadow: bool, quota: bool, index: int
+    ) -> Limit:
+        f = self.file
+        unlimited = _as_bool(f, spec.get("unlimited"), "unlimited")
+        unit_text = _as_str(f, spec.get("unit"), "unit")
+        unit = parse_unit(unit_text)
+        if unlimited:
+            if unit is not None:
+                raise self.fail("should not specify rate limit unit when unlimited")
+            unit = Unit.UNKNOWN
+        elif unit is None:
+            raise self.fail(f"invalid rate limit unit '{unit_text}'")
+        name = _as_str(f, spec.get("name"), "name")
+        replaces: set[str] = set()
+        for entry in _as_list(f, spec.get("replaces"), "replaces"):
+            rname = _as_str(f, entry.get("name"), "name") if isinstance(entry, dict) else ""
+            if not rname:
+                raise self.fail("should not have an empty replaces entry")
+            if rname == name:
+                raise self.fail("replaces should not contain name of same descriptor")
+            replaces.add(rname)
+        algorithm = _as_str(f, spec.get("algorithm"), "algorithm") or "fixed_window"
+        if algorithm not in ALGORITHMS:
+            raise self.fail(
+                f"'{path}': unknown algorithm '{algorithm}' (one of {', '.join(ALGORITHMS)})"
+            )
+        multiplier = spec.get("unit_multiplier")
+        multiplier = 1 if multiplier is None else _as_uint(f, multiplier, "unit_multiplier")
+        if multiplier < 1:
+            raise self.fail(f"'{path}': unit_multiplier must be at least 1")
+        burst = spec.get("burst")
+        burst = None if burst is None else _as_uint(f, burst, "burst")
+        overdraft = _as_uint(f, spec.get("overdraft"), "overdraft")
+        calendar = _as_bool(f, spec.get("calendar"), "calendar")
+        timezone = _as_str(f, spec.get("timezone"), "timezone") or "UTC"
+        if spec.get("timezone") is not None:
+            try:
+                ZoneInfo(timezone)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise self.fail(f"'{path}': unknown timezone '{timezone}'") from None
+        charge = _as_str(f, spec.get("charge"), "charge") or "on_allow"
+        if charge not in ("on_allow", "always"):
+            raise self.fail(f"'{path}': charge must be 'on_allow' or 'always', not '{charge}'")
+        if not unlimited and unit not in UNIT_SECONDS:
+            raise self.fail(f"invalid rate limit unit '{unit_text}'")
+        return Limit(
+            requests_per_unit=_as_uint(f, spec.get("requests_per_unit"), "requests_per_unit"),
+            unit=unit,
+            name=name,
+            unlimited=unlimited,
+            shadow_mode=shadow,
+            quota_mode=quota,
+            replaces=frozenset(replaces),
+            algorithm=algorithm,
+            unit_multiplier=multiplier,
+            burst=burst,
+            overdraft=overdraft,
+            calendar=calendar,
+            timezone=timezone,
+            charge_always=charge == "always",
+            full_key=path,
+            index=index,
+        )
+
+
+_WILDCARD_CACHE: dict[str, re.Pattern[str]] = {}
+
+
+def wildcard_regex(pattern: str) -> re.Pattern[str]:
+    """`*` matches zero or more characters, anywhere, any number of times; nothing else is magic."""
+    compiled = _WILDCARD_CACHE.get(pattern)
+    if compiled is None:
+        body = ".*".join(re.escape(part) for part in pattern.split("*"))
+        compiled = re.compile(body, re.DOTALL)
+        _WILDCARD_CACHE[pattern] = compiled
+    return compiled

@@ -1,0 +1,1 @@
+"""Backend-agnostic decisions: keys, algorithms, the admission rule, and the limiter."""

@@ -1,0 +1,228 @@
+"""ShouldRateLimit decisions: match descriptors, build checks, ask the backend once, report.
+
+The service layer hands in plain values (no protobuf), so the same path serves gRPC, the admin
+`/json` endpoint and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rls.backends.base import Backend, BackendError
+from rls.config.matcher import match, needs_dynamic_stats, stats_key
+from rls.config.model import UNIT_SECONDS, Limit, RateLimitConfig, Unit
+from rls.engine.keys import counter_key
+from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
+from rls.metrics import Metrics
+from rls.settings import Settings
+
+log = logging.getLogger("rls.limiter")
+
+OK = 1
+OVER_LIMIT = 2
+UNLIMITED_REMAINING = 4294967295
+
+
+@dataclass(slots=True)
+class DescriptorIn:
+    entries: tuple[tuple[str, str], ...]
+    hits: int | None = None  # the descriptor's own hits_addend, if set (0 allowed)
+    negative: bool = False  # is_negative_hits: give hits back
+    override: tuple[int, int, int] | None = None  # (requests_per_unit, unit, multiplier)
+
+
+@dataclass(slots=True)
+class Status:
+    code: int = OK
+    limit: Limit | None = None
+    remaining: int = 0
+    reset_ms: int | None = None
+
+    @property
+    def reset_seconds(self) -> int | None:
+        return None if self.reset_ms is None else math.ceil(self.reset_ms / 1000)
+
+
+@dataclass(slots=True)
+class Decision:
+    overall: int
+    statuses: list[Status]
+
+
+class InvalidRequest(ValueError):
+    """The request itself is wrong (INVALID_ARGUMENT); nothing was charged."""
+
+
+class RateLimiter:
+    def __init__(
+        self,
+        config: Callable[[], RateLimitConfig | None],
+        backend: Backend,
+        settings: Settings,
+        metrics: Metrics,
+    ) -> None:
+        self._config = config
+        self.backend = backend
+        self.settings = settings
+        self.metrics = metrics
+        self._overrides: dict[tuple[object, ...], Limit] = {}
+
+    async def should_rate_limit(
+        self,
+        domain: str,
+        descriptors: Sequence[DescriptorIn],
+        request_hits: int = 0,
+        now_ms: int | None = None,
+    ) -> Decision:
+        config = self._config()
+        if config is None:
+            raise RuntimeError("no rate limit configuration loaded")
+        statuses = [Status() for _ in descriptors]
+        dom = config.domains.get(domain)
+        if dom is None:
+            self.metrics.domain_not_found.inc(len(descriptors))
+            self.metrics.requests.labels("_unknown", "OK").inc()
+            return Decision(OK, statuses)
+
+        settings = self.settings
+        default_hits = request_hits if request_hits > 0 else 1
+        matched: list[tuple[int, Limit, list[tuple[str, str]], str | None, int, bool]] = []
+        replaced: set[str] = set()
+        for i, desc in enumerate(descriptors):
+            hits = default_hits if desc.hits is None else desc.hits
+            if desc.override is not None:
+                limit = self._override_limit(domain, desc)
+                parts = list(desc.entries)
+                matched.append((i, limit, parts, None, hits, desc.negative))
+                continue
+            path = match(dom, desc.entries)
+            if path is None:
+                continue
+            parts = [
+                (k, node.value if node.share_threshold else v)
+                for node, (k, v) in zip(path, desc.entries, strict=True)
+            ]
+            dyn = stats_key(domain, path, desc.entries) if needs_dynamic_stats(path) else None
+            for limit in path[-1].limits:
+                replaced.update(limit.replaces)
+                matched.append((i, limit, parts, dyn, hits, desc.negative))
+
+        checks: list[Check] = []
+        for i, limit, parts, dyn, hits, negative in matched:
+            if limit.name and limit.name in replaced:
+                continue
+            if limit.unlimited:
+                statuses[i].remaining = UNLIMITED_REMAINING
+                continue
+            flags = 0
+            if limit.shadow_mode:
+                flags |= SHADOW
+            if limit.quota_mode or settings.quota_mode:
+                flags |= QUOTA
+            if limit.charge_always:
+                flags |= CHARGE_ALWAYS
+            if negative:
+                flags |= NEGATIVE
+            key = counter_key(settings.key_prefix, domain, parts, limit.ident)
+            checks.append(Check(i, limit, key, hits, flags, dyn))
+
+        overall = OK
+        if checks:
+            outcomes = await self._decide(checks, now_ms)
+            if outcomes is None:
+                overall = OK if settings.failure_mode == "allow" else OVER_LIMIT
+                self.metrics.requests.labels(domain, _CODE[overall]).inc()
+                return Decision(overall, statuses)
+            overall = self._report(checks, outcomes, statuses)
+        if overall == OVER_LIMIT and (settings.shadow_mode or settings.limiting_off):
+            if settings.shadow_mode:
+                self.metrics.global_shadow.inc()
+            overall = OK
+        self.metrics.requests.labels(domain, _CODE[overall]).inc()
+        return Decision(overall, statuses)
+
+    async def _decide(self, checks: list[Check], now_ms: int | None) -> list[Outcome] | None:
+        backend = self.backend
+        self.metrics.backend_calls.labels(backend.name).inc()
+        try:
+            verdict = await asyncio.wait_for(
+                backend.decide(checks, now_ms), self.settings.backend_timeout_ms / 1000
+            )
+        except (BackendError, TimeoutError) as exc:
+            self.metrics.backend_errors.labels(backend.name, self.settings.failure_mode).inc()
+            log.warning("backend %s failed: %s", backend.name, exc or "timeout")
+            return None
+        return verdict.outcomes
+
+    def _report(
+        self, checks: list[Check], outcomes: list[Outcome], statuses: list[Status]
+    ) -> int:
+        """Fold check outcomes into per-descriptor statuses; return the overall code."""
+        overall = OK
+        quota_seen = quota_room = False
+        for check, out in zip(checks, outcomes, strict=True):
+            limit = check.limit
+            flags = check.flags
+            shadow = bool(flags & SHADOW)
+            if not flags & NEGATIVE:
+                self.metrics.record_limit(
+                    limit, check.stats_key, check.hits, out.used, not out.ok, shadow
+                )
+            status = statuses[check.descriptor]
+            over = not out.ok and not shadow
+            if flags & QUOTA and not flags & NEGATIVE:
+                quota_seen = True
+                quota_room = quota_room or not over
+            elif over:
+                overall = OVER_LIMIT
+            remaining = 0 if not out.ok else out.remaining
+            if status.limit is None or _tighter(over, remaining, out.reset_ms, status):
+                status.code = OVER_LIMIT if over else OK
+                status.limit = limit
+                status.remaining = remaining
+                status.reset_ms = out.reset_ms
+        if quota_seen and not quota_room:
+            overall = OVER_LIMIT
+        return overall
+
+    def _override_limit(self, domain: str, desc: DescriptorIn) -> Limit:
+        """Limit from a request's RateLimitOverride, cached per shape (bounded).
+
+        Its stats key names the entry keys, not their values, so requests carrying overrides for
+        unique values cannot grow the metrics without bound (reference issue #275).
+        """
+        assert desc.override is not None
+        rpu, unit, multiplier = desc.override
+        key = (domain, rpu, unit, multiplier, *(k for k, _ in desc.entries))
+        limit = self._overrides.get(key)
+        if limit is None:
+            if unit not in _UNITS or Unit(unit) not in UNIT_SECONDS:
+                raise InvalidRequest(f"limit override has an invalid unit {unit}")
+            full_key = ".".join([domain, *(k for k, _ in desc.entries), "override"])
+            limit = Limit(
+                requests_per_unit=rpu,
+                unit=Unit(unit),
+                unit_multiplier=max(1, multiplier),
+                full_key=full_key,
+                ident=f"o{UNIT_SECONDS[Unit(unit)] * max(1, multiplier)}",
+            )
+            if len(self._overrides) < 1024:
+                self._overrides[key] = limit
+        return limit
+
+
+def _tighter(over: bool, remaining: int, reset_ms: int, current: Status) -> bool:
+    """Whether a check should replace the one a descriptor currently reports."""
+    if over:
+        if current.code != OVER_LIMIT:
+            return True
+        return reset_ms > (current.reset_ms or 0)  # report when the caller is let in again
+    return remaining < current.remaining
+
+
+_UNITS = frozenset(int(u) for u in Unit)
+_CODE = {OK: "OK", OVER_LIMIT: "OVER_LIMIT"}

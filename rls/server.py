@@ -1,0 +1,106 @@
+"""Wire config, backend, limiter, gRPC and admin HTTP into one process; drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health_pb2_grpc
+
+from rls.admin.app import AdminState, create_app
+from rls.backends import create_backend
+from rls.backends.base import Backend, BackendError
+from rls.config.reload import ConfigHolder
+from rls.engine.limiter import RateLimiter
+from rls.metrics import Metrics
+from rls.services.health import create_health, set_serving
+from rls.services.ratelimit import RateLimitService
+from rls.settings import Settings
+
+log = logging.getLogger("rls.server")
+
+
+@dataclass
+class App:
+    settings: Settings
+    metrics: Metrics
+    holder: ConfigHolder
+    backend: Backend
+    limiter: RateLimiter
+    service: RateLimitService
+
+
+def build_app(settings: Settings, backend: Backend | None = None) -> App:
+    metrics = Metrics(near_ratio=settings.near_limit_ratio)
+    holder = ConfigHolder(settings.config, metrics, settings.merge_domains)
+    if backend is None:
+        backend = create_backend(settings.redis_url, timeout_ms=max(settings.backend_timeout_ms, 1))
+    limiter = RateLimiter(holder.current, backend, settings, metrics)
+    service = RateLimitService(limiter, settings, metrics)
+    return App(settings, metrics, holder, backend, limiter, service)
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
+    app = build_app(settings)
+    if not app.holder.reload():
+        log.error("initial configuration failed to load; serving errors until it is fixed")
+    app.holder.start(settings.reload_interval)
+    try:
+        await app.backend.start()
+    except BackendError as exc:
+        log.warning("%s (failure mode %s applies until it answers)", exc, settings.failure_mode)
+
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", settings.max_request_bytes),
+            ("grpc.so_reuseport", 1),
+        ]
+    )
+    server.add_generic_rpc_handlers((app.service.handler(),))
+    health = create_health()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = server.add_insecure_port(settings.grpc_addr)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {settings.grpc_addr}")
+    await server.start()
+    await set_serving(health, True)
+
+    state = AdminState(app.service, app.metrics, app.holder.current)
+    runner = web.AppRunner(create_app(state), access_log=None)
+    await runner.setup()
+    host, http_port = split_addr(settings.http_addr)
+    site = web.TCPSite(runner, host, http_port)
+    await site.start()
+    log.info(
+        "rls serving gRPC on %s, admin on %s, backend %s",
+        settings.grpc_addr,
+        settings.http_addr,
+        app.backend.name,
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+
+    log.info("shutting down: draining in-flight calls")
+    state.draining = True
+    await set_serving(health, False)
+    await server.stop(grace=5.0)
+    await app.holder.stop()
+    await runner.cleanup()
+    await app.backend.close()
+    log.info("stopped")
+    return 0

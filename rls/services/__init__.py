@@ -1,0 +1,1 @@
+"""gRPC services: RateLimitService, health (and the ext_proc cache when configured)."""

@@ -1,0 +1,92 @@
+"""Protobuf <-> limiter values, with the request validation of DESIGN §10.
+
+Kept apart from the servicer so the admin `/json` endpoint runs the exact same checks.
+"""
+
+from __future__ import annotations
+
+from envoy.service.ratelimit.v3 import rls_pb2
+from google.protobuf import unknown_fields
+
+from rls.engine.limiter import OK, Decision, DescriptorIn, InvalidRequest
+from rls.settings import Settings
+
+MAX_HITS = 1_000_000_000_000
+IS_NEGATIVE_HITS = 4  # RateLimitDescriptor.is_negative_hits, absent from xds-protos 1.85
+UNIT_MULTIPLIER = 3  # RateLimitDescriptor.RateLimitOverride.unit_multiplier, likewise
+
+
+def _unknown_varint(message: object, number: int) -> int | None:
+    for field in unknown_fields.UnknownFieldSet(message):
+        if field.field_number == number and field.wire_type == 0:
+            return int(field.data)
+    return None
+
+
+def to_descriptors(
+    request: rls_pb2.RateLimitRequest, settings: Settings
+) -> list[DescriptorIn]:
+    """Validate and convert; raises InvalidRequest with a message naming the problem."""
+    if not request.domain:
+        raise InvalidRequest("rate limit domain must not be empty")
+    descriptors = request.descriptors
+    if not descriptors:
+        raise InvalidRequest("rate limit descriptor list must not be empty")
+    if len(descriptors) > settings.max_descriptors:
+        raise InvalidRequest(
+            f"too many descriptors: {len(descriptors)} > {settings.max_descriptors}"
+        )
+    max_len = settings.max_value_bytes
+    if len(request.domain) > max_len:
+        raise InvalidRequest(f"domain longer than {max_len} characters")
+    out: list[DescriptorIn] = []
+    for i, desc in enumerate(descriptors):
+        entries = desc.entries
+        if len(entries) > settings.max_entries:
+            raise InvalidRequest(
+                f"descriptor {i}: too many entries: {len(entries)} > {settings.max_entries}"
+            )
+        pairs = []
+        for entry in entries:
+            key = entry.key
+            value = entry.value
+            if not key:
+                raise InvalidRequest(f"descriptor {i}: entry key must not be empty")
+            if len(key) > max_len or len(value) > max_len:
+                raise InvalidRequest(f"descriptor {i}: entry longer than {max_len} characters")
+            pairs.append((key, value))
+        hits = None
+        if desc.HasField("hits_addend"):
+            hits = desc.hits_addend.value
+            if hits > MAX_HITS:
+                raise InvalidRequest(f"descriptor {i}: hits_addend {hits} is too large")
+        override = None
+        if desc.HasField("limit"):
+            lim = desc.limit
+            multiplier = _unknown_varint(lim, UNIT_MULTIPLIER) or 1
+            override = (lim.requests_per_unit, int(lim.unit), multiplier)
+            if lim.unit == 0:
+                raise InvalidRequest(f"descriptor {i}: limit override has no unit")
+        negative = bool(_unknown_varint(desc, IS_NEGATIVE_HITS))
+        out.append(DescriptorIn(tuple(pairs), hits, negative, override))
+    if request.hits_addend > MAX_HITS:
+        raise InvalidRequest(f"hits_addend {request.hits_addend} is too large")
+    return out
+
+
+def to_response(decision: Decision) -> rls_pb2.RateLimitResponse:
+    response = rls_pb2.RateLimitResponse(overall_code=decision.overall)
+    add = response.statuses.add
+    for st in decision.statuses:
+        status = add(code=st.code, limit_remaining=st.remaining)
+        limit = st.limit
+        if limit is not None:
+            cur = status.current_limit
+            cur.requests_per_unit = limit.requests_per_unit
+            cur.unit = limit.unit
+            if limit.name:
+                cur.name = limit.name
+            status.duration_until_reset.seconds = st.reset_seconds or 0
+        elif st.code != OK:
+            status.code = st.code
+    return response

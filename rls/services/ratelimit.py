@@ -1,0 +1,67 @@
+"""gRPC `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` on grpc.aio.
+
+The handler takes and returns raw bytes so that an undecodable request (bad wire format,
+invalid UTF-8 in a string field) becomes INVALID_ARGUMENT instead of grpc's generic error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+from envoy.service.ratelimit.v3 import rls_pb2
+from google.protobuf.message import DecodeError
+
+from rls.engine.limiter import InvalidRequest, RateLimiter
+from rls.metrics import Metrics
+from rls.services.convert import to_descriptors, to_response
+from rls.settings import Settings
+
+log = logging.getLogger("rls.service")
+
+SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
+
+
+class RateLimitService:
+    def __init__(self, limiter: RateLimiter, settings: Settings, metrics: Metrics) -> None:
+        self.limiter = limiter
+        self.settings = settings
+        self.metrics = metrics
+
+    async def decide(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
+        """Validate and decide one parsed request (shared by gRPC and the admin /json)."""
+        descriptors = to_descriptors(request, self.settings)
+        decision = await self.limiter.should_rate_limit(
+            request.domain, descriptors, request.hits_addend
+        )
+        return to_response(decision)
+
+    async def should_rate_limit(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        started = time.perf_counter()
+        if len(data) > self.settings.max_request_bytes:
+            await self._reject(context, f"request of {len(data)} bytes is too large")
+        try:
+            request = rls_pb2.RateLimitRequest.FromString(data)
+        except DecodeError as exc:
+            await self._reject(context, f"malformed RateLimitRequest: {exc}")
+        try:
+            response = await self.decide(request)
+        except InvalidRequest as exc:
+            await self._reject(context, str(exc))
+        except RuntimeError as exc:
+            self.metrics.errors.labels("unavailable").inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        self.metrics.latency.observe(time.perf_counter() - started)
+        return response.SerializeToString()
+
+    async def _reject(self, context: grpc.aio.ServicerContext, message: str) -> None:
+        self.metrics.errors.labels("invalid_argument").inc()
+        log.info("invalid request: %s", message)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {"ShouldRateLimit": grpc.unary_unary_rpc_method_handler(self.should_rate_limit)},
+        )

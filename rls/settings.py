@@ -1,0 +1,72 @@
+"""Runtime settings: CLI flags, each also readable from `RLS_<NAME>` (and some reference names).
+
+Precedence: flag > RLS_* env > envoyproxy/ratelimit env equivalent > default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+# envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
+REFERENCE_ENV = {
+    "redis_url": "REDIS_URL",
+    "shadow_mode": "SHADOW_MODE",
+    "quota_mode": "QUOTA_MODE",
+    "merge_domains": "MERGE_DOMAIN_CONFIG",
+    "near_limit_ratio": "NEAR_LIMIT_RATIO",
+    "key_prefix": "CACHE_KEY_PREFIX",
+    "log_level": "LOG_LEVEL",
+    "log_format": "LOG_FORMAT",
+}
+
+
+@dataclass(slots=True)
+class Settings:
+    config: list[str] = field(default_factory=list)
+    grpc_addr: str = "0.0.0.0:8081"
+    http_addr: str = "127.0.0.1:8080"
+    redis_url: str = ""
+    cache_config: str = ""
+    workers: int = 1
+    failure_mode: str = "allow"  # allow | deny when the backend cannot answer in time
+    backend_timeout_ms: int = 15
+    log_format: str = "text"
+    log_level: str = "info"
+    shadow_mode: bool = False  # global: OVER_LIMIT answered as OK (reference SHADOW_MODE)
+    quota_mode: bool = False  # every descriptor is a quota (reference QUOTA_MODE)
+    limiting_off: bool = False  # degradation switch: always OK, metrics still recorded
+    merge_domains: bool = False
+    near_limit_ratio: float = 0.8
+    key_prefix: str = "rl:"
+    reload_interval: float = 1.0
+    max_descriptors: int = 64
+    max_entries: int = 32
+    max_value_bytes: int = 1024
+    max_request_bytes: int = 64 * 1024
+    response_headers: bool = False  # RateLimit-* headers in response_headers_to_add
+
+    def validate(self) -> None:
+        if self.failure_mode not in ("allow", "deny"):
+            raise ValueError(f"failure_mode must be allow or deny, not {self.failure_mode!r}")
+        if len(self.key_prefix.encode()) > 32:
+            raise ValueError("key_prefix must be at most 32 bytes")
+        if self.workers < 1:
+            raise ValueError("workers must be at least 1")
+
+
+def env_value(name: str, environ: dict[str, str] | None = None) -> str | None:
+    env = os.environ if environ is None else environ
+    value = env.get(f"RLS_{name.upper()}")
+    if value is None and name in REFERENCE_ENV:
+        value = env.get(REFERENCE_ENV[name])
+    return value
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
