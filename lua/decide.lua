@@ -3,10 +3,11 @@
 --
 -- KEYS[i]: counter key of check i.
 -- ARGV[1]: now in ms, or '' to use Redis TIME (one clock for all replicas).
--- ARGV[2 + (i-1)*7 ..]: algorithm id, flags, hits, limit, window ms, param 1, param 2.
+-- ARGV[2 + (i-1)*10 ..]: algorithm id, flags, hits, limit, window ms, burst, overdraft,
+--   calendar window start, end, previous start (0 0 0 for epoch-aligned windows).
 -- Returns {admitted, then per check: ok, charged, remaining, reset ms, used}.
 local SHADOW, QUOTA, CHARGE_ALWAYS, NEGATIVE = 1, 2, 4, 8
-local STRIDE = 7
+local STRIDE = 10
 
 local now
 if ARGV[1] ~= '' then
@@ -24,10 +25,10 @@ for i = 1, n do
   local a = {
     algo = ALGOS[tonumber(ARGV[b])], flags = tonumber(ARGV[b + 1]), hits = tonumber(ARGV[b + 2]),
     cap = tonumber(ARGV[b + 3]), window = tonumber(ARGV[b + 4]),
-    p1 = tonumber(ARGV[b + 5]), p2 = tonumber(ARGV[b + 6]),
+    burst = tonumber(ARGV[b + 5]), overdraft = tonumber(ARGV[b + 6]),
+    start = tonumber(ARGV[b + 7]), stop = tonumber(ARGV[b + 8]), prev = tonumber(ARGV[b + 9]),
   }
-  a.ok, a.rem_charged, a.rem_uncharged, a.reset, a.used, a.state =
-    a.algo.evaluate(KEYS[i], now, a.cap, a.window, a.hits, a.p1, a.p2)
+  a.ok, a.rem_charged, a.rem_uncharged, a.reset, a.used = a.algo.evaluate(KEYS[i], now, a)
   args[i] = a
   local f = a.flags
   if bit.band(f, NEGATIVE) == 0 then
@@ -51,11 +52,10 @@ for i = 1, n do
   local ok, remaining = a.ok, 0
   if charge then
     if bit.band(f, NEGATIVE) ~= 0 then
-      remaining = a.algo.release(KEYS[i], now, a.cap, a.window, a.hits, a.used, a.state,
-        a.p1, a.p2)
+      remaining = a.algo.release(KEYS[i], now, a)
       ok = true
     else
-      a.algo.charge(KEYS[i], now, a.cap, a.window, a.hits, a.used, a.state, a.p1, a.p2)
+      a.algo.charge(KEYS[i], now, a)
       remaining = a.rem_charged
     end
   elseif ok then

@@ -1,36 +1,59 @@
--- Fixed window counter (epoch aligned), mirror of rls/engine/algorithms/fixed_window.py.
--- Value: "<window index>:<count>"; a value from another window reads as 0.
--- TTL is garbage collection only: end of window + 1 s.
-local function fw_read(key, now, window)
-  local v = redis.call('GET', key)
-  if not v then return 0 end
-  local sep = string.find(v, ':', 1, true)
-  if not sep or tonumber(string.sub(v, 1, sep - 1)) ~= math.floor(now / window) then
-    return 0
-  end
-  return tonumber(string.sub(v, sep + 1))
+-- Fixed window with overdraft and calendar bounds; twin of rls/engine/algorithms/fixed_window.py.
+-- Value: "<window start ms>:<usage incl. debt>:<debt at window start>".
+local function fw_bounds(now, a)
+  if a.stop > 0 then return a.start, a.stop, a.prev end
+  local start = now - now % a.window
+  return start, start + a.window, start - a.window
 end
 
-local function fw_store(key, count, now, window)
-  redis.call('SET', key, string.format('%d:%d', math.floor(now / window), count),
-    'PX', window - now % window + 1000)
+local function fw_read(key, now, a)
+  local start, stop, prev = fw_bounds(now, a)
+  local usage, debt = 0, 0
+  local v = redis.call('GET', key)
+  if v then
+    local s1 = string.find(v, ':', 1, true)
+    local s2 = s1 and string.find(v, ':', s1 + 1, true)
+    if s2 then
+      local ws = tonumber(string.sub(v, 1, s1 - 1))
+      local u = tonumber(string.sub(v, s1 + 1, s2 - 1))
+      if ws == start then
+        usage, debt = u, tonumber(string.sub(v, s2 + 1))
+      elseif ws == prev and a.overdraft > 0 then
+        debt = math.max(0, u - a.cap)
+        usage = debt
+      end
+    end
+  end
+  return start, stop, usage, debt
+end
+
+local function fw_store(key, start, stop, usage, debt, now, a)
+  local keep = 0
+  if a.overdraft > 0 then keep = stop - start end
+  redis.call('SET', key, string.format('%d:%d:%d', start, usage, debt),
+    'PX', stop + keep + GRACE_MS - now)
 end
 
 ALGOS[1] = {
-  -- returns ok(0/1), remaining if charged, remaining if not, reset ms, used, state
-  evaluate = function(key, now, cap, window, hits)
-    local count = fw_read(key, now, window)
+  evaluate = function(key, now, a)
+    local start, stop, usage, debt = fw_read(key, now, a)
+    local top = a.cap
+    if debt == 0 then top = top + a.overdraft end
     local ok
-    if hits == 0 then ok = count < cap else ok = count + hits <= cap end
-    return ok, math.max(0, cap - count - hits), math.max(0, cap - count), window - now % window,
-      count
+    if a.hits == 0 then ok = usage < top else ok = usage + a.hits <= top end
+    a.st = {start, stop, usage, debt}
+    return ok, math.max(0, top - usage - a.hits), math.max(0, top - usage), stop - now, usage
   end,
-  charge = function(key, now, cap, window, hits, used)
-    fw_store(key, used + hits, now, window)
+  charge = function(key, now, a)
+    local s = a.st
+    fw_store(key, s[1], s[2], s[3] + a.hits, s[4], now, a)
   end,
-  release = function(key, now, cap, window, hits, used)
-    local count = math.max(0, used - hits)
-    fw_store(key, count, now, window)
-    return math.max(0, cap - count)
+  release = function(key, now, a)
+    local s = a.st
+    local usage = math.max(0, s[3] - a.hits)
+    fw_store(key, s[1], s[2], usage, s[4], now, a)
+    local top = a.cap
+    if s[4] == 0 then top = top + a.overdraft end
+    return math.max(0, top - usage)
   end,
 }

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rls.engine.admission import admit
@@ -64,7 +65,7 @@ class MemoryBackend:
             state = self._state(check.key, now_ms)
             states.append(state)
             algo = ALGORITHMS[check.limit.algorithm]
-            evals.append(algo.evaluate(state, now_ms, check.limit, check.hits))
+            evals.append(algo.evaluate(state, now_ms, check))
         flags = [c.flags for c in checks]
         admitted, charge = admit(flags, [e[0] for e in evals])
         outcomes = []
@@ -73,13 +74,11 @@ class MemoryBackend:
             if do_charge:
                 algo = ALGORITHMS[check.limit.algorithm]
                 if check.flags & NEGATIVE:
-                    new_state, expires = algo.release(state, now_ms, check.limit, check.hits)
-                    ok, _, rem_charged, reset, used = algo.evaluate(
-                        new_state, now_ms, check.limit, 0
-                    )
+                    new_state, expires = algo.release(state, now_ms, check)
+                    rem_charged = _remaining_after_release(algo, new_state, now_ms, check)
                     ok = True
                 else:
-                    new_state, expires = algo.charge(state, now_ms, check.limit, check.hits)
+                    new_state, expires = algo.charge(state, now_ms, check)
                 self._data[check.key] = (new_state, expires)
                 outcomes.append(Outcome(ok, True, rem_charged, reset, used))
             else:
@@ -98,3 +97,8 @@ class MemoryBackend:
         while True:
             await asyncio.sleep(self._sweep_interval)
             self.sweep()
+
+
+def _remaining_after_release(algo: Any, state: Any, now_ms: int, check: Check) -> int:
+    """What remains once hits were given back: an uncharged look at the new state."""
+    return int(algo.evaluate(state, now_ms, replace(check, hits=0))[2])

@@ -17,6 +17,8 @@ from rls.backends.scripts import decide_script
 from rls.engine.algorithms import ALGORITHM_IDS
 from rls.engine.model import Check, Outcome, Verdict
 
+_EPOCH = (0, 0, 0)
+
 
 class RedisBackend:
     name = "redis"
@@ -67,6 +69,7 @@ class RedisBackend:
                 lim.window_ms,
                 lim.burst if lim.burst is not None else lim.requests_per_unit,
                 lim.overdraft,
+                *(c.bounds or _EPOCH),
             ]
         try:
             res = await self._script(keys=[c.key for c in checks], args=args)

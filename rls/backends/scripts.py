@@ -9,13 +9,24 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-ALGORITHM_FILES = ("fixed_window.lua",)
+# Libraries first, then one file per algorithm, each registering its id in ALGOS.
+ALGORITHM_FILES = (
+    "bucket_lib.lua",
+    "log_lib.lua",
+    "fixed_window.lua",
+    "sliding_window.lua",
+    "sliding_log.lua",
+    "token_bucket.lua",
+    "leaky_bucket.lua",
+    "gcra.lua",
+    "concurrency.lua",
+)
 
 
 @cache
 def decide_script() -> str:
     lua = resources.files("rls") / "lua"
-    parts = ["local ALGOS = {}"]
+    parts = ["local ALGOS = {}", "local GRACE_MS = 1000"]
     parts += [(lua / name).read_text(encoding="utf-8") for name in ALGORITHM_FILES]
     parts.append((lua / "decide.lua").read_text(encoding="utf-8"))
     return "\n".join(parts)

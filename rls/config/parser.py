@@ -291,13 +291,17 @@ class DomainParser:
                 ZoneInfo(timezone)
             except (ZoneInfoNotFoundError, ValueError):
                 raise self.fail(f"'{path}': unknown timezone '{timezone}'") from None
+        self._check_extensions(path, algorithm, burst, overdraft, calendar, spec, unit, unlimited)
+        rpu = _as_uint(f, spec.get("requests_per_unit"), "requests_per_unit")
+        if overdraft > rpu:
+            raise self.fail(f"'{path}': overdraft must not exceed requests_per_unit")
         charge = _as_str(f, spec.get("charge"), "charge") or "on_allow"
         if charge not in ("on_allow", "always"):
             raise self.fail(f"'{path}': charge must be 'on_allow' or 'always', not '{charge}'")
         if not unlimited and unit not in UNIT_SECONDS:
             raise self.fail(f"invalid rate limit unit '{unit_text}'")
         return Limit(
-            requests_per_unit=_as_uint(f, spec.get("requests_per_unit"), "requests_per_unit"),
+            requests_per_unit=rpu,
             unit=unit,
             name=name,
             unlimited=unlimited,
@@ -315,6 +319,34 @@ class DomainParser:
             index=index,
         )
 
+
+    def _check_extensions(
+        self,
+        path: str,
+        algorithm: str,
+        burst: int | None,
+        overdraft: int,
+        calendar: bool,
+        spec: dict[str, Any],
+        unit: Unit | None,
+        unlimited: bool,
+    ) -> None:
+        """Combinations of DESIGN §5 extensions that have no meaning are errors, not no-ops."""
+        if unlimited:
+            return
+        if burst is not None and algorithm not in BURST_ALGORITHMS:
+            raise self.fail(
+                f"'{path}': burst applies to {', '.join(BURST_ALGORITHMS)}, not {algorithm}"
+            )
+        if overdraft and algorithm != "fixed_window":
+            raise self.fail(f"'{path}': overdraft applies to fixed_window only")
+        if calendar and algorithm != "fixed_window":
+            raise self.fail(f"'{path}': calendar applies to fixed_window only")
+        if spec.get("timezone") is not None and not calendar:
+            raise self.fail(f"'{path}': timezone needs calendar: true")
+
+
+BURST_ALGORITHMS = ("token_bucket", "leaky_bucket", "gcra")
 
 _WILDCARD_CACHE: dict[str, re.Pattern[str]] = {}
 

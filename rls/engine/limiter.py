@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rls.backends.base import Backend, BackendError
 from rls.config.matcher import match, needs_dynamic_stats, stats_key
 from rls.config.model import UNIT_SECONDS, Limit, RateLimitConfig, Unit
+from rls.engine.calendar import CalendarCache
 from rls.engine.keys import counter_key
 from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.metrics import Metrics
@@ -70,6 +72,7 @@ class RateLimiter:
         self.settings = settings
         self.metrics = metrics
         self._overrides: dict[tuple[object, ...], Limit] = {}
+        self._calendar = CalendarCache()
 
     async def should_rate_limit(
         self,
@@ -128,7 +131,11 @@ class RateLimiter:
             if negative:
                 flags |= NEGATIVE
             key = counter_key(settings.key_prefix, domain, parts, limit.ident)
-            checks.append(Check(i, limit, key, hits, flags, dyn))
+            bounds = None
+            if limit.calendar:
+                clock_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+                bounds = self._calendar.bounds(limit, clock_ms)
+            checks.append(Check(i, limit, key, hits, flags, dyn, bounds))
 
         overall = OK
         if checks:

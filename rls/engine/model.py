@@ -23,6 +23,8 @@ class Check:
     hits: int
     flags: int = 0
     stats_key: str | None = None  # set only for detailed_metric / value_to_metric matches
+    # Calendar window (start, end, previous start) in ms; None for epoch-aligned windows.
+    bounds: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True)

@@ -74,6 +74,27 @@ def to_descriptors(
     return out
 
 
+_MULTIPLIER_BYTES: dict[int, bytes] = {}
+
+
+def _unit_multiplier_field(multiplier: int) -> bytes:
+    """RateLimitResponse.RateLimit.unit_multiplier (field 4, varint) as raw bytes.
+
+    xds-protos 1.85 lacks the field; merged as an unknown field it is still serialised, so
+    Envoy 1.40 sees the real window (x-ratelimit-limit `w=`).
+    """
+    raw = _MULTIPLIER_BYTES.get(multiplier)
+    if raw is None:
+        out = bytearray([0x20])
+        value = multiplier
+        while value > 0x7F:
+            out.append((value & 0x7F) | 0x80)
+            value >>= 7
+        out.append(value)
+        raw = _MULTIPLIER_BYTES[multiplier] = bytes(out)
+    return raw
+
+
 def to_response(decision: Decision) -> rls_pb2.RateLimitResponse:
     response = rls_pb2.RateLimitResponse(overall_code=decision.overall)
     add = response.statuses.add
@@ -86,6 +107,8 @@ def to_response(decision: Decision) -> rls_pb2.RateLimitResponse:
             cur.unit = limit.unit
             if limit.name:
                 cur.name = limit.name
+            if limit.unit_multiplier > 1:
+                cur.MergeFromString(_unit_multiplier_field(limit.unit_multiplier))
             status.duration_until_reset.seconds = st.reset_seconds or 0
         elif st.code != OK:
             status.code = st.code

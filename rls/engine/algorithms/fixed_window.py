@@ -1,36 +1,60 @@
-"""Fixed window counter, epoch-aligned like envoyproxy/ratelimit.
+"""Fixed window counter with optional overdraft and calendar windows.
 
-State is (window index, count). The window travels in the value rather than in the key, so a
-key is stable (declared up front, Cluster-safe) and a stale value from an earlier window reads
-as zero even if the store's expiry and the decision clock disagree. Expiry is garbage
-collection only: the end of the window plus a grace second.
+Windows are epoch-aligned like envoyproxy/ratelimit, or calendar windows whose bounds the
+limiter computes (`check.bounds`). State is (window start, usage, debt at window start): the
+window travels in the value, not the key, so keys are stable and a stale value reads as zero.
+
+Overdraft D: a window that starts free of debt may use up to limit + D; what it used beyond the
+limit is owed by the next window, which then allows limit - debt and no borrowing
+(1000/hour, D 300: 1200 in hour 1 leaves 800 for hour 2, hour 3 may borrow again).
 """
 
 from __future__ import annotations
 
-from rls.config.model import Limit
+from rls.engine.algorithms.base import GRACE_MS, Evaluation
+from rls.engine.model import Check
 
-State = tuple[int, int] | None
-GRACE_MS = 1000
+State = tuple[int, int, int] | None  # (window start ms, usage incl. debt, debt at start)
+
+
+def window_bounds(now_ms: int, check: Check) -> tuple[int, int, int]:
+    if check.bounds is not None:
+        return check.bounds
+    window = check.limit.window_ms
+    start = now_ms - now_ms % window
+    return start, start + window, start - window
 
 
 class FixedWindow:
-    def evaluate(
-        self, state: State, now_ms: int, limit: Limit, hits: int
-    ) -> tuple[bool, int, int, int, int]:
-        window = limit.window_ms
-        count = state[1] if state is not None and state[0] == now_ms // window else 0
-        cap = limit.requests_per_unit
-        ok = count < cap if hits == 0 else count + hits <= cap
-        return ok, max(0, cap - count - hits), max(0, cap - count), window - now_ms % window, count
+    def _read(self, state: State, now_ms: int, check: Check) -> tuple[int, int, int, int]:
+        start, end, prev = window_bounds(now_ms, check)
+        usage = debt = 0
+        if state is not None:
+            if state[0] == start:
+                usage, debt = state[1], state[2]
+            elif state[0] == prev and check.limit.overdraft > 0:
+                debt = max(0, state[1] - check.limit.requests_per_unit)
+                usage = debt
+        return start, end, usage, debt
 
-    def _store(self, count: int, now_ms: int, window: int) -> tuple[State, int]:
-        return (now_ms // window, count), now_ms + window - now_ms % window + GRACE_MS
+    def evaluate(self, state: State, now_ms: int, check: Check) -> Evaluation:
+        _, end, usage, debt = self._read(state, now_ms, check)
+        limit = check.limit
+        top = limit.requests_per_unit + (limit.overdraft if debt == 0 else 0)
+        hits = check.hits
+        ok = usage < top if hits == 0 else usage + hits <= top
+        return ok, max(0, top - usage - hits), max(0, top - usage), end - now_ms, usage
 
-    def charge(self, state: State, now_ms: int, limit: Limit, hits: int) -> tuple[State, int]:
-        used = self.evaluate(state, now_ms, limit, 0)[4]
-        return self._store(used + hits, now_ms, limit.window_ms)
+    def _store(
+        self, start: int, end: int, usage: int, debt: int, check: Check
+    ) -> tuple[State, int]:
+        keep = end - start if check.limit.overdraft > 0 else 0  # debt must outlive the window
+        return (start, usage, debt), end + keep + GRACE_MS
 
-    def release(self, state: State, now_ms: int, limit: Limit, hits: int) -> tuple[State, int]:
-        used = self.evaluate(state, now_ms, limit, 0)[4]
-        return self._store(max(0, used - hits), now_ms, limit.window_ms)
+    def charge(self, state: State, now_ms: int, check: Check) -> tuple[State, int]:
+        start, end, usage, debt = self._read(state, now_ms, check)
+        return self._store(start, end, usage + check.hits, debt, check)
+
+    def release(self, state: State, now_ms: int, check: Check) -> tuple[State, int]:
+        start, end, usage, debt = self._read(state, now_ms, check)
+        return self._store(start, end, max(0, usage - check.hits), debt, check)

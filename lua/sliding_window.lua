@@ -1,0 +1,63 @@
+-- Sliding window (two-window weighted counter); twin of rls/engine/algorithms/sliding_window.py.
+-- Value: "<window start ms>:<current count>:<previous count>".
+local function sw_read(key, now, window)
+  local start = now - now % window
+  local cur, prev = 0, 0
+  local v = redis.call('GET', key)
+  if v then
+    local s1 = string.find(v, ':', 1, true)
+    local s2 = s1 and string.find(v, ':', s1 + 1, true)
+    if s2 then
+      local ws = tonumber(string.sub(v, 1, s1 - 1))
+      if ws == start then
+        cur = tonumber(string.sub(v, s1 + 1, s2 - 1))
+        prev = tonumber(string.sub(v, s2 + 1))
+      elseif ws == start - window then
+        prev = tonumber(string.sub(v, s1 + 1, s2 - 1))
+      end
+    end
+  end
+  return start, cur, prev
+end
+
+local function sw_store(key, start, cur, prev, now, window)
+  redis.call('SET', key, string.format('%d:%d:%d', start, cur, prev),
+    'PX', start + 2 * window + GRACE_MS - now)
+end
+
+ALGOS[2] = {
+  evaluate = function(key, now, a)
+    local window = a.window
+    local start, cur, prev = sw_read(key, now, window)
+    local elapsed = now - start
+    local used = math.floor(prev * (window - elapsed) / window) + cur
+    local cap, hits = a.cap, a.hits
+    local ok
+    if hits == 0 then ok = used < cap else ok = used + hits <= cap end
+    local reset
+    if ok then
+      reset = window - elapsed
+    else
+      local avail = cap - cur - math.max(hits, 1)
+      if avail >= 0 and prev > 0 then
+        local wait = math.ceil(window - (avail + 1) * window / prev)
+        reset = math.max(1, wait - elapsed)
+      else
+        reset = window - elapsed
+      end
+    end
+    a.st = {start, cur, prev}
+    return ok, math.max(0, cap - used - hits), math.max(0, cap - used), reset, used
+  end,
+  charge = function(key, now, a)
+    local s = a.st
+    sw_store(key, s[1], s[2] + a.hits, s[3], now, a.window)
+  end,
+  release = function(key, now, a)
+    local s = a.st
+    local cur = math.max(0, s[2] - a.hits)
+    sw_store(key, s[1], cur, s[3], now, a.window)
+    local used = math.floor(s[3] * (a.window - (now - s[1])) / a.window) + cur
+    return math.max(0, a.cap - used)
+  end,
+}

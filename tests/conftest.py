@@ -1,0 +1,181 @@
+"""Shared fixtures: real redis-server processes on free ports, and `rls serve` subprocesses.
+
+Nothing here uses the machine's own Redis on 6379: every server is started by the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll a readiness condition (not a sleep-and-hope: it fails loudly on timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except Exception:
+            pass
+        time.sleep(0.02)
+    raise TimeoutError(f"timed out waiting for {what or predicate}")
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "redis-server"], check=True, capture_output=True
+        )
+        found = shutil.which("redis-server")
+        if found:
+            return found
+    pytest.fail("redis-server is not installed and could not be installed with apt-get")
+
+
+@dataclass
+class RedisServer:
+    port: int
+    proc: subprocess.Popen[bytes]
+    dir: str
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_redis(*extra: str, port: int | None = None) -> RedisServer:
+    port = port or free_port()
+    workdir = tempfile.mkdtemp(prefix="rls-redis-")
+    args = [
+        redis_server_binary(),
+        "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        "--dir", workdir, *extra,
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = RedisServer(port, proc, workdir, list(extra))
+    wait_until(lambda: server.client().ping(), what=f"redis-server on {port}")
+    return server
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = start_redis()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """A flushed Redis for this test."""
+    redis_server.client().flushall()
+    return redis_server.url
+
+
+@dataclass
+class RlsProcess:
+    proc: subprocess.Popen[bytes]
+    grpc_port: int
+    http_port: int
+    log_path: Path
+
+    @property
+    def grpc_addr(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.fixture
+def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
+    """Start `python -m rls serve` with the given config paths and extra flags/env."""
+    started: list[RlsProcess] = []
+
+    def start(*config: str | Path, args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+              wait_healthy: bool = True) -> RlsProcess:
+        grpc_port, http_port = free_port(), free_port()
+        cmd = [sys.executable, "-m", "rls", "serve",
+               "--grpc-addr", f"127.0.0.1:{grpc_port}",
+               "--http-addr", f"127.0.0.1:{http_port}"]
+        for c in config:
+            cmd += ["--config", str(c)]
+        cmd += list(args)
+        log_path = tmp_path / f"rls-{grpc_port}.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLS_")}
+        full_env.update(env or {})
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                    cwd=str(ROOT))
+        rls = RlsProcess(proc, grpc_port, http_port, log_path)
+        started.append(rls)
+        if wait_healthy:
+            try:
+                wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200,
+                           what="rls /healthcheck")
+            except TimeoutError:
+                raise AssertionError(f"rls did not become healthy:\n{rls.log()}") from None
+        return rls
+
+    yield start
+    for rls in started:
+        rls.stop()
