@@ -18,6 +18,9 @@ class Backend(Protocol):
     async def decide(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
         """Evaluate every check, charge per the admission rule, all atomically.
 
+        Each (key, flags) appears at most once: the limiter folds checks that share a counter
+        into one before calling (see limiter._merge_same_counter).
+
         `now_ms` overrides the store's clock (tests, replay); None uses the store's own clock
         (Redis TIME for Redis, so every replica agrees).
         """

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rls.config.errors import ConfigError
 from rls.config.model import Domain, Level, RateLimitConfig
-from rls.config.parser import DomainParser, check_keys, parse_yaml
+from rls.config.parser import DomainParser, as_str, check_keys, parse_yaml
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
 
@@ -49,12 +49,9 @@ def load_files(
             raise ConfigError(file, "error loading config file: yaml: document must be a map")
         doc = doc or {}
         check_keys(file, doc)
-        domain_name = doc.get("domain")
-        if not isinstance(domain_name, str) or not domain_name:
-            if domain_name is not None and not isinstance(domain_name, str):
-                domain_name = str(domain_name)
-            if not domain_name:
-                raise ConfigError(file, "config file cannot have empty domain")
+        domain_name = as_str(file, doc.get("domain"), "domain")
+        if not domain_name:
+            raise ConfigError(file, "config file cannot have empty domain")
         domain = config.domains.get(domain_name)
         if domain is None:
             domain = Domain(name=domain_name, root=Level())

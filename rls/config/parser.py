@@ -55,10 +55,61 @@ VALID_KEYS = REFERENCE_KEYS | EXTENSION_KEYS
 UINT32_MAX = 4294967295
 
 
+class YamlInt(int):
+    """An int that remembers its source text.
+
+    The reference's YAML library keeps a scalar's text when the target field is a string, so
+    `value: 007` stays "007" (not 7) and `value: yes` stays "yes" (not true).
+    """
+
+    raw: str
+
+
+class YamlBool:
+    """A YAML 1.1 boolean (`true`, `yes`, `Off`…) that remembers its source text."""
+
+    __slots__ = ("raw", "value")
+
+    def __init__(self, value: bool, raw: str) -> None:
+        self.value = value
+        self.raw = raw
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def __repr__(self) -> str:
+        return self.raw
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader resolving scalars like the reference's yaml.v2: timestamps stay strings,
+    `1e3` is a float, and ints and bools keep their text for string fields."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:  # type: ignore[override]
+        value = YamlInt(super().construct_yaml_int(node))
+        value.raw = node.value
+        return value
+
+    def construct_yaml_bool(self, node: yaml.ScalarNode) -> YamlBool:  # type: ignore[override]
+        return YamlBool(super().construct_yaml_bool(node), node.value)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:bool", _Loader.construct_yaml_bool)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
 def parse_yaml(file: str, text: str) -> Any:
     """First YAML document of `text` (the reference reads only the first)."""
     try:
-        for doc in yaml.safe_load_all(text):
+        for doc in yaml.load_all(text, Loader=_Loader):  # a SafeLoader subclass
             return doc
         return None
     except yaml.YAMLError as exc:
@@ -93,13 +144,15 @@ def check_keys(file: str, obj: Any) -> None:
                     f"{_render(item)}",
                 )
             check_keys(file, item)
-    elif obj is None or isinstance(obj, (str, bool, int)):
+    elif obj is None or isinstance(obj, (str, bool, int, YamlBool)):
         return
     else:
         raise ConfigError(file, "error checking config")
 
 
 def _render(value: Any) -> str:
+    if isinstance(value, (YamlBool, YamlInt)):
+        return value.raw
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -107,9 +160,11 @@ def _render(value: Any) -> str:
     return str(value)
 
 
-def _as_str(file: str, value: Any, field: str) -> str:
+def as_str(file: str, value: Any, field: str) -> str:
     if value is None:
         return ""
+    if isinstance(value, (YamlInt, YamlBool)):
+        return value.raw
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (str, int)):
@@ -122,6 +177,8 @@ def _as_str(file: str, value: Any, field: str) -> str:
 def _as_bool(file: str, value: Any, field: str) -> bool:
     if value is None:
         return False
+    if isinstance(value, YamlBool):
+        return value.value
     if isinstance(value, bool):
         return value
     raise ConfigError(
@@ -193,10 +250,10 @@ class DomainParser:
             level.wildcards.setdefault(node.key, []).append((wildcard_regex(node.value), node))
 
     def _node(self, raw: dict[str, Any], parent_path: str) -> Node:
-        key = _as_str(self.file, raw.get("key"), "key")
+        key = as_str(self.file, raw.get("key"), "key")
         if not key:
             raise self.fail("descriptor has empty key")
-        value = _as_str(self.file, raw.get("value"), "value")
+        value = as_str(self.file, raw.get("value"), "value")
         composite = f"{key}_{value}" if value else key
         path = f"{parent_path}.{composite}"
         share = _as_bool(self.file, raw.get("share_threshold"), "share_threshold")
@@ -255,7 +312,7 @@ class DomainParser:
     ) -> Limit:
         f = self.file
         unlimited = _as_bool(f, spec.get("unlimited"), "unlimited")
-        unit_text = _as_str(f, spec.get("unit"), "unit")
+        unit_text = as_str(f, spec.get("unit"), "unit")
         unit = parse_unit(unit_text)
         if unlimited:
             if unit is not None:
@@ -263,16 +320,16 @@ class DomainParser:
             unit = Unit.UNKNOWN
         elif unit is None:
             raise self.fail(f"invalid rate limit unit '{unit_text}'")
-        name = _as_str(f, spec.get("name"), "name")
+        name = as_str(f, spec.get("name"), "name")
         replaces: set[str] = set()
         for entry in _as_list(f, spec.get("replaces"), "replaces"):
-            rname = _as_str(f, entry.get("name"), "name") if isinstance(entry, dict) else ""
+            rname = as_str(f, entry.get("name"), "name") if isinstance(entry, dict) else ""
             if not rname:
                 raise self.fail("should not have an empty replaces entry")
             if rname == name:
                 raise self.fail("replaces should not contain name of same descriptor")
             replaces.add(rname)
-        algorithm = _as_str(f, spec.get("algorithm"), "algorithm") or "fixed_window"
+        algorithm = as_str(f, spec.get("algorithm"), "algorithm") or "fixed_window"
         if algorithm not in ALGORITHMS:
             raise self.fail(
                 f"'{path}': unknown algorithm '{algorithm}' (one of {', '.join(ALGORITHMS)})"
@@ -285,7 +342,7 @@ class DomainParser:
         burst = None if burst is None else _as_uint(f, burst, "burst")
         overdraft = _as_uint(f, spec.get("overdraft"), "overdraft")
         calendar = _as_bool(f, spec.get("calendar"), "calendar")
-        timezone = _as_str(f, spec.get("timezone"), "timezone") or "UTC"
+        timezone = as_str(f, spec.get("timezone"), "timezone") or "UTC"
         if spec.get("timezone") is not None:
             try:
                 ZoneInfo(timezone)
@@ -295,7 +352,7 @@ class DomainParser:
         rpu = _as_uint(f, spec.get("requests_per_unit"), "requests_per_unit")
         if overdraft > rpu:
             raise self.fail(f"'{path}': overdraft must not exceed requests_per_unit")
-        charge = _as_str(f, spec.get("charge"), "charge") or "on_allow"
+        charge = as_str(f, spec.get("charge"), "charge") or "on_allow"
         if charge not in ("on_allow", "always"):
             raise self.fail(f"'{path}': charge must be 'on_allow' or 'always', not '{charge}'")
         if not unlimited and unit not in UNIT_SECONDS:

@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rls.backends.base import Backend, BackendError
 from rls.config.matcher import match, needs_dynamic_stats, stats_key
@@ -153,6 +153,16 @@ class RateLimiter:
         return Decision(overall, statuses)
 
     async def _decide(self, checks: list[Check], now_ms: int | None) -> list[Outcome] | None:
+        if len(checks) > 1:
+            merged, slots = _merge_same_counter(checks)
+            if slots is not None:
+                outcomes = await self._call_backend(merged, now_ms)
+                return None if outcomes is None else [outcomes[j] for j in slots]
+        return await self._call_backend(checks, now_ms)
+
+    async def _call_backend(
+        self, checks: list[Check], now_ms: int | None
+    ) -> list[Outcome] | None:
         backend = self.backend
         self.metrics.backend_calls.labels(backend.name).inc()
         try:
@@ -220,6 +230,28 @@ class RateLimiter:
             if len(self._overrides) < 1024:
                 self._overrides[key] = limit
         return limit
+
+
+def _merge_same_counter(checks: list[Check]) -> tuple[list[Check], list[int] | None]:
+    """Fold checks on the same counter (two descriptors of one request mapping to one key)
+    into one check carrying their summed hits, so the counter is charged for both, as with the
+    reference's two INCRBYs. Returns (checks, None) when there is nothing to fold."""
+    index: dict[tuple[str, int], int] = {}
+    merged: list[Check] = []
+    slots: list[int] = []
+    folded = False
+    for check in checks:
+        ident = (check.key, check.flags)
+        j = index.get(ident)
+        if j is None:
+            index[ident] = len(merged)
+            slots.append(len(merged))
+            merged.append(check)
+        else:
+            merged[j] = replace(merged[j], hits=merged[j].hits + check.hits)
+            slots.append(j)
+            folded = True
+    return (merged, slots) if folded else (checks, None)
 
 
 def _tighter(over: bool, remaining: int, reset_ms: int, current: Status) -> bool:
