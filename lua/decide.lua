@@ -3,7 +3,9 @@
 --
 -- KEYS[i]: counter key of check i.
 -- ARGV[1]: now in ms, or '' to use Redis TIME (one clock for all replicas).
--- ARGV[2 + (i-1)*10 ..]: algorithm id, flags, hits, limit, window ms, burst, overdraft,
+-- ARGV[2]: mode. 'd' decide and charge; 'e' evaluate only (no charge); 'a' / 'r' charge as if
+--   the request was admitted / rejected (Cluster: the admission was decided across slots).
+-- ARGV[3 + (i-1)*10 ..]: algorithm id, flags, hits, limit, window ms, burst, overdraft,
 --   calendar window start, end, previous start (0 0 0 for epoch-aligned windows).
 -- Returns {admitted, then per check: ok, charged, remaining, reset ms, used}.
 local SHADOW, QUOTA, CHARGE_ALWAYS, NEGATIVE = 1, 2, 4, 8
@@ -17,11 +19,12 @@ else
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+local mode = ARGV[2]
 local n = #KEYS
 local args, res = {}, {}
 local admitted, quota_seen, quota_room = true, false, false
 for i = 1, n do
-  local b = 2 + (i - 1) * STRIDE
+  local b = 3 + (i - 1) * STRIDE
   local a = {
     algo = ALGOS[tonumber(ARGV[b])], flags = tonumber(ARGV[b + 1]), hits = tonumber(ARGV[b + 2]),
     cap = tonumber(ARGV[b + 3]), window = tonumber(ARGV[b + 4]),
@@ -41,13 +44,14 @@ for i = 1, n do
   end
 end
 if quota_seen and not quota_room then admitted = false end
+if mode == 'a' then admitted = true elseif mode == 'r' then admitted = false end
 
 res[1] = admitted and 1 or 0
 for i = 1, n do
   local a = args[i]
   local f = a.flags
-  local charge = bit.band(f, NEGATIVE + CHARGE_ALWAYS) ~= 0
-    or (admitted and (a.ok or bit.band(f, SHADOW) ~= 0))
+  local charge = mode ~= 'e' and (bit.band(f, NEGATIVE + CHARGE_ALWAYS) ~= 0
+    or (admitted and (a.ok or bit.band(f, SHADOW) ~= 0)))
   local o = 2 + (i - 1) * 5
   local ok, remaining = a.ok, 0
   if charge then

@@ -63,6 +63,17 @@ class Metrics:
             "rls_backend_errors", "Failed or timed-out store calls", ["backend", "failure_mode"],
             registry=r,
         )
+        self.circuit = Gauge(
+            "rls_backend_circuit_open",
+            "Backend circuit breaker: 0 closed, 1 open, 0.5 half-open (probing)",
+            ["backend"],
+            registry=r,
+        )
+        self.fallback = Counter(
+            "rls_fallback_decisions",
+            "Calls decided by the local fallback limiter while the backend was away",
+            registry=r,
+        )
         self.config_loads = Counter(
             "rls_config_loads", "Config (re)loads by result", ["result"], registry=r
         )

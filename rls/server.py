@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2_grpc
 from rls.admin.app import AdminState, create_app
 from rls.backends import create_backend
 from rls.backends.base import Backend, BackendError
+from rls.backends.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.config.reload import ConfigHolder
 from rls.engine.limiter import RateLimiter
 from rls.metrics import Metrics
@@ -22,6 +23,8 @@ from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
 
 log = logging.getLogger("rls.server")
+
+_CIRCUIT_VALUE = {CLOSED: 0.0, OPEN: 1.0, HALF_OPEN: 0.5}
 
 
 @dataclass
@@ -37,8 +40,19 @@ class App:
 def build_app(settings: Settings, backend: Backend | None = None) -> App:
     metrics = Metrics(near_ratio=settings.near_limit_ratio)
     holder = ConfigHolder(settings.config, metrics, settings.merge_domains)
-    if backend is None:
-        backend = create_backend(settings.redis_url, timeout_ms=max(settings.backend_timeout_ms, 1))
+    if backend is None and settings.redis_url:
+        gauge = metrics.circuit.labels("redis")
+        breaker = CircuitBreaker(
+            "redis",
+            threshold=settings.breaker_threshold,
+            cooldown=settings.breaker_cooldown_ms / 1000,
+            on_change=lambda state: gauge.set(_CIRCUIT_VALUE[state]),
+        )
+        backend = create_backend(
+            settings.redis_url, timeout_ms=max(settings.backend_timeout_ms, 1), breaker=breaker
+        )
+    elif backend is None:
+        backend = create_backend(None)
     limiter = RateLimiter(holder.current, backend, settings, metrics)
     service = RateLimitService(limiter, settings, metrics)
     return App(settings, metrics, holder, backend, limiter, service)

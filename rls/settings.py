@@ -31,6 +31,11 @@ class Settings:
     workers: int = 1
     failure_mode: str = "allow"  # allow | deny when the backend cannot answer in time
     backend_timeout_ms: int = 15
+    # Share of each limit a process may grant on its own while the backend is away (0 = off,
+    # the failure mode answers instead). With N replicas, 1/N keeps the total near the limit.
+    fallback_share: float = 0.0
+    breaker_threshold: int = 3  # consecutive backend failures that open the circuit
+    breaker_cooldown_ms: int = 1000  # open circuit: time before one probe call
     log_format: str = "text"
     log_level: str = "info"
     shadow_mode: bool = False  # global: OVER_LIMIT answered as OK (reference SHADOW_MODE)

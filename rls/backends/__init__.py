@@ -9,6 +9,7 @@ __all__ = ["Backend", "BackendError", "MemoryBackend", "create_backend"]
 
 
 def create_backend(redis_url: str | None, **options: object) -> Backend:
+    """The embedded memory store when no URL is given, else Redis (any supported scheme)."""
     if not redis_url:
         return MemoryBackend()
     from rls.backends.redis import RedisBackend

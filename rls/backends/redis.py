@@ -1,23 +1,102 @@
 """Redis counters: one EVALSHA per request covering all of its checks (one round trip).
 
 redis-py's Script object does EVALSHA and reloads the script on NOSCRIPT by itself, so a
-restarted or flushed Redis needs no handling here.
+restarted or flushed Redis needs no handling here. URLs:
+- `redis://[[user]:password@]host:port/db`, `rediss://…` (TLS), `unix:///path?db=N`;
+- `redis+sentinel://[[user]:password@]host:port[,host:port…]/service_name[/db]`;
+- `redis+cluster://[[user]:password@]host:port[,host:port…]`.
+
+Cluster: keys carry no hash tag, so counters spread over all slots. A request whose keys share
+one slot is decided atomically in one call. A request spanning slots is decided in two steps:
+evaluate on every slot (no writes), apply the admission rule across all checks, then charge
+per slot as admitted or rejected. Between the two steps a concurrent request may take the
+last unit of a counter; the charge step re-checks room, so a limit is never exceeded, but such
+a request may be charged on one slot while found full on another.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import RedisError
 
 from rls.backends.base import BackendError
+from rls.backends.breaker import CircuitBreaker
 from rls.backends.scripts import decide_script
+from rls.engine.admission import admit
 from rls.engine.algorithms import ALGORITHM_IDS
 from rls.engine.model import Check, Outcome, Verdict
 
 _EPOCH = (0, 0, 0)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return parts._replace(netloc=user + netloc).geturl()
+
+
+def _hosts(netloc: str) -> list[tuple[str, int]]:
+    hosts = []
+    for item in netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = item.rpartition(":")
+        hosts.append((host.strip("[]") or "127.0.0.1", int(port or 6379)))
+    return hosts
+
+
+def connect(url: str, timeout_s: float, connect_timeout_s: float, pool_size: int) -> Any:
+    """A redis-py asyncio client for any supported URL scheme."""
+    common: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": connect_timeout_s,
+        "retry_on_timeout": False,
+    }
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    auth = {
+        "username": unquote(parts.username) if parts.username else None,
+        "password": unquote(parts.password) if parts.password else None,
+    }
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    if scheme in ("redis", "rediss", "unix"):
+        return aioredis.from_url(url, max_connections=pool_size, **common)
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        path = [p for p in parts.path.split("/") if p]
+        if not path:
+            raise ValueError("redis+sentinel:// URL needs a service name: …/service_name[/db]")
+        service, db = path[0], int(path[1]) if len(path) > 1 else 0
+        sentinel_tls = {"ssl": True} if scheme.startswith("rediss") else {}
+        sentinel = Sentinel(
+            _hosts(parts.netloc),
+            sentinel_kwargs={**common, **sentinel_tls},
+            **common,
+            **sentinel_tls,
+        )
+        return sentinel.master_for(
+            service, db=db, max_connections=pool_size, **auth, **common, **sentinel_tls
+        )
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        tls: dict[str, Any] = {}
+        if scheme.startswith("rediss"):
+            tls = {"ssl": True, "ssl_cert_reqs": query.get("ssl_cert_reqs", "required")}
+            if tls["ssl_cert_reqs"] == "none":
+                tls["ssl_cert_reqs"] = ssl.CERT_NONE
+        nodes = [ClusterNode(h, p) for h, p in _hosts(parts.netloc)]
+        return RedisCluster(
+            startup_nodes=nodes, max_connections=pool_size, **auth, **common, **tls
+        )
+    raise ValueError(f"unsupported Redis URL scheme {scheme!r}")
 
 
 class RedisBackend:
@@ -30,16 +109,13 @@ class RedisBackend:
         timeout_ms: int = 50,
         connect_timeout_ms: int = 200,
         pool_size: int = 64,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self.url = url
-        self.client: Any = aioredis.from_url(
-            url,
-            socket_timeout=timeout_ms / 1000,
-            socket_connect_timeout=connect_timeout_ms / 1000,
-            max_connections=pool_size,
-            retry_on_timeout=False,
-        )
+        self.client: Any = connect(url, timeout_ms / 1000, connect_timeout_ms / 1000, pool_size)
+        self.cluster = isinstance(self.client, RedisCluster)
         self._script = self.client.register_script(decide_script())
+        self.breaker = breaker or CircuitBreaker("redis")
 
     async def start(self) -> None:
         try:
@@ -58,7 +134,25 @@ class RedisBackend:
             return False
 
     async def decide(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
-        args: list[Any] = ["" if now_ms is None else now_ms]
+        breaker = self.breaker
+        if not breaker.allow():
+            raise BackendError("redis circuit open")
+        try:
+            if self.cluster:
+                verdict = await self._decide_cluster(checks, now_ms)
+            else:
+                verdict = await self._run(checks, now_ms, "d")
+        except (RedisError, OSError) as exc:
+            breaker.failure()
+            raise BackendError(f"redis: {exc}") from exc
+        except asyncio.CancelledError:
+            breaker.failure()  # the caller's deadline passed: a slow store counts as failing
+            raise
+        breaker.success()
+        return verdict
+
+    async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
+        args: list[Any] = ["" if now_ms is None else now_ms, mode]
         for c in checks:
             lim = c.limit
             args += [
@@ -71,10 +165,7 @@ class RedisBackend:
                 lim.overdraft,
                 *(c.bounds or _EPOCH),
             ]
-        try:
-            res = await self._script(keys=[c.key for c in checks], args=args)
-        except (RedisError, OSError) as exc:
-            raise BackendError(f"redis: {exc}") from exc
+        res = await self._script(keys=[c.key for c in checks], args=args)
         outcomes = [
             Outcome(
                 bool(res[o]), bool(res[o + 1]), int(res[o + 2]), int(res[o + 3]), int(res[o + 4])
@@ -82,3 +173,32 @@ class RedisBackend:
             for o in range(1, len(res), 5)
         ]
         return Verdict(bool(res[0]), outcomes)
+
+    async def _decide_cluster(self, checks: Sequence[Check], now_ms: int | None) -> Verdict:
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(checks):
+            groups.setdefault(self.client.keyslot(c.key), []).append(i)
+        if len(groups) == 1:
+            return await self._run(checks, now_ms, "d")
+        parts = list(groups.values())
+        if now_ms is None:
+            # One clock for both steps and all slots: the first node's TIME.
+            sec, usec = await self.client.time()
+            now_ms = int(sec) * 1000 + int(usec) // 1000
+        evaluated = await asyncio.gather(
+            *(self._run([checks[i] for i in idx], now_ms, "e") for idx in parts)
+        )
+        oks = [False] * len(checks)
+        for idx, verdict in zip(parts, evaluated, strict=True):
+            for i, out in zip(idx, verdict.outcomes, strict=True):
+                oks[i] = out.ok
+        admitted, _ = admit([c.flags for c in checks], oks)
+        mode = "a" if admitted else "r"
+        charged = await asyncio.gather(
+            *(self._run([checks[i] for i in idx], now_ms, mode) for idx in parts)
+        )
+        outcomes: list[Outcome | None] = [None] * len(checks)
+        for idx, verdict in zip(parts, charged, strict=True):
+            for i, out in zip(idx, verdict.outcomes, strict=True):
+                outcomes[i] = out
+        return Verdict(admitted, outcomes)  # type: ignore[arg-type]

@@ -59,6 +59,11 @@ def load_files(
         elif not merge_domains:
             raise ConfigError(file, f"duplicate domain '{domain_name}' in config file")
         domain.files.append(file)
+        mode = as_str(file, doc.get("failure_mode"), "failure_mode")
+        if mode:
+            if mode not in ("allow", "deny"):
+                raise ConfigError(file, f"failure_mode must be 'allow' or 'deny', not '{mode}'")
+            domain.failure_mode = mode
         DomainParser(file, domain_name).add_descriptors(
             domain.root, doc.get("descriptors"), domain_name
         )

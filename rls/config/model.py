@@ -134,6 +134,7 @@ class Domain:
     name: str
     root: Level
     files: list[str] = field(default_factory=list)
+    failure_mode: str | None = None  # allow | deny when the backend fails; None = global
 
 
 @dataclass(slots=True, eq=False)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from rls.backends.base import Backend, BackendError
+from rls.backends.memory import MemoryBackend
 from rls.config.matcher import match, needs_dynamic_stats, stats_key
 from rls.config.model import UNIT_SECONDS, Limit, RateLimitConfig, Unit
 from rls.engine.calendar import CalendarCache
@@ -73,6 +74,14 @@ class RateLimiter:
         self.metrics = metrics
         self._overrides: dict[tuple[object, ...], Limit] = {}
         self._calendar = CalendarCache()
+        self._decide_now = getattr(backend, "decide_now", None)
+        self._roundtrips = metrics.backend_calls.labels(backend.name)
+        self._backend_errors = metrics.backend_errors.labels(backend.name, settings.failure_mode)
+        self._last_failure_log = 0.0
+        self._suppressed = 0
+        self._fallback = MemoryBackend()
+        self._fallback_calls = 0
+        self._scaled_limits: dict[int, tuple[Limit, Limit]] = {}
 
     async def should_rate_limit(
         self,
@@ -140,8 +149,11 @@ class RateLimiter:
         overall = OK
         if checks:
             outcomes = await self._decide(checks, now_ms)
+            if outcomes is None and settings.fallback_share > 0:
+                outcomes = self._fallback_decide(checks, now_ms)
             if outcomes is None:
-                overall = OK if settings.failure_mode == "allow" else OVER_LIMIT
+                mode = dom.failure_mode or settings.failure_mode
+                overall = OK if mode == "allow" or settings.limiting_off else OVER_LIMIT
                 self.metrics.requests.labels(domain, _CODE[overall]).inc()
                 return Decision(overall, statuses)
             overall = self._report(checks, outcomes, statuses)
@@ -163,17 +175,66 @@ class RateLimiter:
     async def _call_backend(
         self, checks: list[Check], now_ms: int | None
     ) -> list[Outcome] | None:
+        if self._decide_now is not None:  # in-process store: nothing to wait for
+            return self._decide_now(checks, now_ms).outcomes
         backend = self.backend
-        self.metrics.backend_calls.labels(backend.name).inc()
+        self._roundtrips.inc()
         try:
-            verdict = await asyncio.wait_for(
-                backend.decide(checks, now_ms), self.settings.backend_timeout_ms / 1000
-            )
+            async with asyncio.timeout(self.settings.backend_timeout_ms / 1000):
+                verdict = await backend.decide(checks, now_ms)
         except (BackendError, TimeoutError) as exc:
-            self.metrics.backend_errors.labels(backend.name, self.settings.failure_mode).inc()
-            log.warning("backend %s failed: %s", backend.name, exc or "timeout")
+            self._backend_errors.inc()
+            self._log_failure(exc)
             return None
         return verdict.outcomes
+
+    def _fallback_decide(self, checks: list[Check], now_ms: int | None) -> list[Outcome]:
+        """Decide locally on `fallback_share` of each limit while the backend is away.
+
+        Bound: with N processes each granting share s, at most N * s * limit per window pass
+        during an outage (s = 1/N keeps it near the limit); counts restart from zero locally.
+        """
+        self.metrics.fallback.inc()
+        self._fallback_calls += 1
+        if self._fallback_calls % 10000 == 0:
+            self._fallback.sweep()
+        local = [replace(c, limit=self._scaled(c.limit)) for c in checks]
+        if len(local) > 1:
+            local, slots = _merge_same_counter(local)
+            if slots is not None:
+                outcomes = self._fallback.decide_now(local, now_ms).outcomes
+                return [outcomes[j] for j in slots]
+        return self._fallback.decide_now(local, now_ms).outcomes
+
+    def _scaled(self, limit: Limit) -> Limit:
+        scaled = self._scaled_limits.get(id(limit))
+        if scaled is None or scaled[0] is not limit:
+            share = self.settings.fallback_share
+            copy = replace(
+                limit,
+                requests_per_unit=math.ceil(limit.requests_per_unit * share),
+                burst=None if limit.burst is None else math.ceil(limit.burst * share),
+                overdraft=math.ceil(limit.overdraft * share),
+                stats=None,
+            )
+            if len(self._scaled_limits) > 4096:
+                self._scaled_limits.clear()
+            scaled = self._scaled_limits[id(limit)] = (limit, copy)
+        return scaled[1]
+
+    def _log_failure(self, exc: Exception) -> None:
+        """At most one line per second, so a dead store cannot fill the disk."""
+        now = time.monotonic()
+        self._suppressed += 1
+        if now - self._last_failure_log >= 1.0:
+            log.warning(
+                "backend %s failed (%d call(s) since last report): %s",
+                self.backend.name,
+                self._suppressed,
+                str(exc) or type(exc).__name__,
+            )
+            self._last_failure_log = now
+            self._suppressed = 0
 
     def _report(
         self, checks: list[Check], outcomes: list[Outcome], statuses: list[Status]
