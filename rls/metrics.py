@@ -81,6 +81,10 @@ class Metrics:
             "rls_config_last_load_error", "1 while the last load failed, by file", ["file"],
             registry=r,
         )
+        self.switch = Gauge(
+            "rls_switch", "Runtime switches (1 on; shadow_domains: how many)", ["name"],
+            registry=r,
+        )
         self.info = Info("rls_build", "Build information", registry=r)
         self.info.info({"version": __version__})
 

@@ -41,6 +41,7 @@ class Settings:
     shadow_mode: bool = False  # global: OVER_LIMIT answered as OK (reference SHADOW_MODE)
     quota_mode: bool = False  # every descriptor is a quota (reference QUOTA_MODE)
     limiting_off: bool = False  # degradation switch: always OK, metrics still recorded
+    shadow_domains: set[str] = field(default_factory=set)  # per-domain shadow switch
     merge_domains: bool = False
     near_limit_ratio: float = 0.8
     key_prefix: str = "rl:"

@@ -10,6 +10,9 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rls.admin.counters import add_counter_routes
+from rls.admin.switches import add_switch_routes, publish, switch_state
+from rls.admin.usage import add_usage_routes
 from rls.config.model import RateLimitConfig
 from rls.engine.limiter import InvalidRequest
 from rls.metrics import Metrics
@@ -38,12 +41,18 @@ def create_app(state: AdminState) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/rlconfig", rlconfig)
     app.router.add_route("*", "/json", json_decide)
+    add_counter_routes(app)
+    add_usage_routes(app)
+    add_switch_routes(app)
+    publish(state.service.settings, state.metrics)
     return app
 
 
 async def healthcheck(request: web.Request) -> web.Response:
     state: AdminState = request.app["state"]
-    if state.draining or state.config() is None:
+    if state.draining:
+        return web.Response(status=503, text="draining\n")
+    if state.config() is None:
         return web.Response(status=500, text="")
     return web.Response(text="OK")
 
@@ -78,7 +87,15 @@ async def rlconfig(request: web.Request) -> web.Response:
         if limit.name:
             line += f", name: {limit.name}"
         lines.append(line)
-    return web.Response(text="\n".join(lines) + ("\n" if lines else ""))
+    switches = switch_state(state.service.settings)
+    lines.append(
+        "# switches: "
+        + ", ".join(
+            f"{k}={','.join(v) if isinstance(v, list) else str(v).lower()}"
+            for k, v in switches.items()
+        )
+    )
+    return web.Response(text="\n".join(lines) + "\n")
 
 
 async def json_decide(request: web.Request) -> web.Response:

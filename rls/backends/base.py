@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from rls.engine.model import Check, Verdict
+from rls.engine.usage import UsageOp
 
 
 class BackendError(Exception):
@@ -24,6 +25,20 @@ class Backend(Protocol):
         `now_ms` overrides the store's clock (tests, replay); None uses the store's own clock
         (Redis TIME for Redis, so every replica agrees).
         """
+        ...
+
+    async def record_usage(
+        self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
+    ) -> None:
+        """Usage statistics of a request that matched no limit (else they ride in decide)."""
+        ...
+
+    async def usage_value(self, kind: str, key: str) -> int:
+        """A daily counter ("c") or the size of a distinct set ("h")."""
+        ...
+
+    async def peek(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
+        """Evaluate like decide() but charge nothing (counter queries)."""
         ...
 
     async def start(self) -> None: ...

@@ -16,6 +16,7 @@ from typing import Any
 from rls.engine.admission import admit
 from rls.engine.algorithms import ALGORITHMS
 from rls.engine.model import NEGATIVE, Check, Outcome, Verdict
+from rls.engine.usage import UsageOp
 
 
 class MemoryBackend:
@@ -26,6 +27,7 @@ class MemoryBackend:
         self._data: dict[str, tuple[Any, int]] = {}
         self._sweep_interval = sweep_interval
         self._sweeper: asyncio.Task[None] | None = None
+        self._usage: dict[str, tuple[Any, int]] = {}  # daily counters and exact sets
 
     def __len__(self) -> int:
         return len(self._data)
@@ -53,10 +55,52 @@ class MemoryBackend:
             return None
         return entry[0]
 
-    async def decide(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
+    async def decide(
+        self,
+        checks: Sequence[Check],
+        now_ms: int | None = None,
+        usage: Sequence[UsageOp] = (),
+        usage_ttl_ms: int = 0,
+    ) -> Verdict:
+        if usage:
+            self.record_usage_now(usage, usage_ttl_ms, now_ms)
         return self.decide_now(checks, now_ms)
 
-    def decide_now(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
+    async def record_usage(
+        self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
+    ) -> None:
+        self.record_usage_now(ops, ttl_ms, now_ms)
+
+    def record_usage_now(
+        self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
+    ) -> None:
+        now = int(self._clock() * 1000) if now_ms is None else now_ms
+        data = self._usage
+        for kind, key, member in ops:
+            entry = data.get(key)
+            if entry is None or entry[1] < now:
+                value: Any = set() if kind == "h" else 0
+            else:
+                value = entry[0]
+            if kind == "h":
+                value.add(member)
+            else:
+                value += 1
+            data[key] = (value, now + ttl_ms)
+
+    async def usage_value(self, kind: str, key: str) -> int:
+        now = int(self._clock() * 1000)
+        entry = self._usage.get(key)
+        if entry is None or entry[1] < now:
+            return 0
+        return len(entry[0]) if kind == "h" else int(entry[0])
+
+    async def peek(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
+        return self.decide_now(checks, now_ms, charge=False)
+
+    def decide_now(
+        self, checks: Sequence[Check], now_ms: int | None = None, charge: bool = True
+    ) -> Verdict:
         if now_ms is None:
             now_ms = int(self._clock() * 1000)
         states = []
@@ -67,9 +111,11 @@ class MemoryBackend:
             algo = ALGORITHMS[check.limit.algorithm]
             evals.append(algo.evaluate(state, now_ms, check))
         flags = [c.flags for c in checks]
-        admitted, charge = admit(flags, [e[0] for e in evals])
+        admitted, selected = admit(flags, [e[0] for e in evals])
+        if not charge:
+            selected = [False] * len(checks)
         outcomes = []
-        for check, state, ev, do_charge in zip(checks, states, evals, charge, strict=True):
+        for check, state, ev, do_charge in zip(checks, states, evals, selected, strict=True):
             ok, rem_charged, rem_uncharged, reset, used = ev
             if do_charge:
                 algo = ALGORITHMS[check.limit.algorithm]
@@ -91,7 +137,10 @@ class MemoryBackend:
         dead = [k for k, (_, exp) in self._data.items() if exp < now_ms]
         for k in dead:
             del self._data[k]
-        return len(dead)
+        stale = [k for k, (_, exp) in self._usage.items() if exp < now_ms]
+        for k in stale:
+            del self._usage[k]
+        return len(dead) + len(stale)
 
     async def _sweep_forever(self) -> None:
         while True:

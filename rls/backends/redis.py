@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from rls.backends.base import BackendError
 from rls.backends.breaker import CircuitBreaker
@@ -33,8 +33,26 @@ from rls.backends.scripts import decide_script
 from rls.engine.admission import admit
 from rls.engine.algorithms import ALGORITHM_IDS
 from rls.engine.model import Check, Outcome, Verdict
+from rls.engine.usage import UsageOp
 
 _EPOCH = (0, 0, 0)
+
+
+def _verdict(res: list[Any]) -> Verdict:
+    outcomes = [
+        Outcome(bool(res[o]), bool(res[o + 1]), int(res[o + 2]), int(res[o + 3]), int(res[o + 4]))
+        for o in range(1, len(res), 5)
+    ]
+    return Verdict(bool(res[0]), outcomes)
+
+
+def _queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
+    for kind, key, member in ops:
+        if kind == "h":
+            pipe.pfadd(key, member)
+        else:
+            pipe.incr(key)
+        pipe.pexpire(key, ttl_ms)
 
 
 def redact(url: str) -> str:
@@ -133,13 +151,27 @@ class RedisBackend:
         except (RedisError, OSError):
             return False
 
-    async def decide(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
+    async def decide(
+        self,
+        checks: Sequence[Check],
+        now_ms: int | None = None,
+        usage: Sequence[UsageOp] = (),
+        usage_ttl_ms: int = 0,
+    ) -> Verdict:
         breaker = self.breaker
         if not breaker.allow():
             raise BackendError("redis circuit open")
         try:
             if self.cluster:
-                verdict = await self._decide_cluster(checks, now_ms)
+                if usage:
+                    verdict, _ = await asyncio.gather(
+                        self._decide_cluster(checks, now_ms),
+                        self.record_usage(usage, usage_ttl_ms),
+                    )
+                else:
+                    verdict = await self._decide_cluster(checks, now_ms)
+            elif usage:
+                verdict = await self._run_with_usage(checks, now_ms, usage, usage_ttl_ms)
             else:
                 verdict = await self._run(checks, now_ms, "d")
         except (RedisError, OSError) as exc:
@@ -151,7 +183,61 @@ class RedisBackend:
         breaker.success()
         return verdict
 
-    async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
+    async def record_usage(
+        self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
+    ) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        _queue_usage(pipe, ops, ttl_ms)
+        try:
+            await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise BackendError(f"redis: {exc}") from exc
+
+    async def usage_value(self, kind: str, key: str) -> int:
+        try:
+            value = await (self.client.pfcount(key) if kind == "h" else self.client.get(key))
+        except (RedisError, OSError) as exc:
+            raise BackendError(f"redis: {exc}") from exc
+        return int(value or 0)
+
+    async def _run_with_usage(
+        self, checks: Sequence[Check], now_ms: int | None, ops: Sequence[UsageOp], ttl_ms: int
+    ) -> Verdict:
+        """The decision and the usage counters in one pipelined round trip."""
+        keys, args = self._script_args(checks, now_ms, "d")
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            _queue_usage(pipe, ops, ttl_ms)
+            try:
+                res = (await pipe.execute())[0]
+                break
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                await self.client.script_load(self._script.script)
+        return _verdict(res)
+
+    async def peek(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
+        """Evaluate without charging (counter queries); one call per slot in Cluster mode."""
+        try:
+            if not self.cluster:
+                return await self._run(checks, now_ms, "e")
+            groups: dict[int, list[int]] = {}
+            for i, c in enumerate(checks):
+                groups.setdefault(self.client.keyslot(c.key), []).append(i)
+            outcomes: list[Outcome | None] = [None] * len(checks)
+            for idx in groups.values():
+                verdict = await self._run([checks[i] for i in idx], now_ms, "e")
+                for i, out in zip(idx, verdict.outcomes, strict=True):
+                    outcomes[i] = out
+            return Verdict(all(o.ok for o in outcomes if o), outcomes)  # type: ignore[arg-type]
+        except (RedisError, OSError) as exc:
+            raise BackendError(f"redis: {exc}") from exc
+
+    def _script_args(
+        self, checks: Sequence[Check], now_ms: int | None, mode: str
+    ) -> tuple[list[str], list[Any]]:
         args: list[Any] = ["" if now_ms is None else now_ms, mode]
         for c in checks:
             lim = c.limit
@@ -165,14 +251,11 @@ class RedisBackend:
                 lim.overdraft,
                 *(c.bounds or _EPOCH),
             ]
-        res = await self._script(keys=[c.key for c in checks], args=args)
-        outcomes = [
-            Outcome(
-                bool(res[o]), bool(res[o + 1]), int(res[o + 2]), int(res[o + 3]), int(res[o + 4])
-            )
-            for o in range(1, len(res), 5)
-        ]
-        return Verdict(bool(res[0]), outcomes)
+        return [c.key for c in checks], args
+
+    async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
+        keys, args = self._script_args(checks, now_ms, mode)
+        return _verdict(await self._script(keys=keys, args=args))
 
     async def _decide_cluster(self, checks: Sequence[Check], now_ms: int | None) -> Verdict:
         groups: dict[int, list[int]] = {}

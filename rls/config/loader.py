@@ -11,7 +11,13 @@ from pathlib import Path
 
 from rls.config.errors import ConfigError
 from rls.config.model import Domain, Level, RateLimitConfig
-from rls.config.parser import DomainParser, as_str, check_keys, parse_yaml
+from rls.config.parser import (
+    DomainParser,
+    as_str,
+    check_keys,
+    parse_usage_stats,
+    parse_yaml,
+)
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
 
@@ -64,6 +70,9 @@ def load_files(
             if mode not in ("allow", "deny"):
                 raise ConfigError(file, f"failure_mode must be 'allow' or 'deny', not '{mode}'")
             domain.failure_mode = mode
+        usage = parse_usage_stats(file, doc.get("usage_stats"))
+        if usage is not None:
+            domain.usage = usage
         DomainParser(file, domain_name).add_descriptors(
             domain.root, doc.get("descriptors"), domain_name
         )

@@ -135,6 +135,7 @@ class Domain:
     root: Level
     files: list[str] = field(default_factory=list)
     failure_mode: str | None = None  # allow | deny when the backend fails; None = global
+    usage: Any = None  # rls.engine.usage.UsageConfig when usage_stats is configured
 
 
 @dataclass(slots=True, eq=False)

@@ -16,10 +16,11 @@ from dataclasses import dataclass, replace
 from rls.backends.base import Backend, BackendError
 from rls.backends.memory import MemoryBackend
 from rls.config.matcher import match, needs_dynamic_stats, stats_key
-from rls.config.model import UNIT_SECONDS, Limit, RateLimitConfig, Unit
+from rls.config.model import UNIT_SECONDS, Domain, Limit, RateLimitConfig, Unit
 from rls.engine.calendar import CalendarCache
 from rls.engine.keys import counter_key
 from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
+from rls.engine.usage import UsageOp, usage_ops
 from rls.metrics import Metrics
 from rls.settings import Settings
 
@@ -101,6 +102,49 @@ class RateLimiter:
             return Decision(OK, statuses)
 
         settings = self.settings
+        checks = self._checks(dom, domain, descriptors, request_hits, now_ms, statuses)
+        usage: list[UsageOp] = []
+        if dom.usage is not None:
+            clock_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+            usage = usage_ops(
+                dom.usage, settings.key_prefix, domain, [d.entries for d in descriptors], clock_ms
+            )
+            if not checks and usage:
+                await self._record_usage_alone(usage, dom.usage.ttl_ms, now_ms)
+        overall = OK
+        if checks:
+            outcomes = await self._decide(checks, now_ms, usage, dom)
+            if outcomes is None and settings.fallback_share > 0:
+                outcomes = self._fallback_decide(checks, now_ms)
+            if outcomes is None:
+                mode = dom.failure_mode or settings.failure_mode
+                overall = OK if mode == "allow" or settings.limiting_off else OVER_LIMIT
+                self.metrics.requests.labels(domain, _CODE[overall]).inc()
+                return Decision(overall, statuses)
+            overall = self._report(checks, outcomes, statuses)
+        if overall == OVER_LIMIT and (
+            settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains
+        ):
+            if not settings.limiting_off:
+                self.metrics.global_shadow.inc()
+            overall = OK
+        self.metrics.requests.labels(domain, _CODE[overall]).inc()
+        return Decision(overall, statuses)
+
+    def _checks(
+        self,
+        dom: Domain,
+        domain: str,
+        descriptors: Sequence[DescriptorIn],
+        request_hits: int,
+        now_ms: int | None,
+        statuses: list[Status],
+    ) -> list[Check]:
+        """Match every descriptor and turn each applicable limit into a Check.
+
+        Unlimited limits are answered here (remaining 2^32-1); replaced ones are dropped.
+        """
+        settings = self.settings
         default_hits = request_hits if request_hits > 0 else 1
         matched: list[tuple[int, Limit, list[tuple[str, str]], str | None, int, bool]] = []
         replaced: set[str] = set()
@@ -146,42 +190,80 @@ class RateLimiter:
                 bounds = self._calendar.bounds(limit, clock_ms)
             checks.append(Check(i, limit, key, hits, flags, dyn, bounds))
 
-        overall = OK
-        if checks:
-            outcomes = await self._decide(checks, now_ms)
-            if outcomes is None and settings.fallback_share > 0:
-                outcomes = self._fallback_decide(checks, now_ms)
-            if outcomes is None:
-                mode = dom.failure_mode or settings.failure_mode
-                overall = OK if mode == "allow" or settings.limiting_off else OVER_LIMIT
-                self.metrics.requests.labels(domain, _CODE[overall]).inc()
-                return Decision(overall, statuses)
-            overall = self._report(checks, outcomes, statuses)
-        if overall == OVER_LIMIT and (settings.shadow_mode or settings.limiting_off):
-            if settings.shadow_mode:
-                self.metrics.global_shadow.inc()
-            overall = OK
-        self.metrics.requests.labels(domain, _CODE[overall]).inc()
-        return Decision(overall, statuses)
+        return checks
 
-    async def _decide(self, checks: list[Check], now_ms: int | None) -> list[Outcome] | None:
+    async def query(
+        self, domain: str, descriptors: Sequence[DescriptorIn], now_ms: int | None = None
+    ) -> list[list[tuple[Limit, Outcome]]]:
+        """Per descriptor, each matched limit with its current usage — nothing is charged."""
+        config = self._config()
+        if config is None:
+            raise RuntimeError("no rate limit configuration loaded")
+        dom = config.domains.get(domain)
+        result: list[list[tuple[Limit, Outcome]]] = [[] for _ in descriptors]
+        if dom is None:
+            return result
+        statuses = [Status() for _ in descriptors]
+        checks = self._checks(dom, domain, descriptors, 0, now_ms, statuses)
+        for check in checks:
+            check.hits = 0
+            check.flags &= SHADOW | QUOTA
+        if not checks:
+            return result
+        if self._decide_now is not None:
+            verdict = self._decide_now(checks, now_ms, charge=False)
+        else:
+            async with asyncio.timeout(max(self.settings.backend_timeout_ms, 1000) / 1000):
+                verdict = await self.backend.peek(checks, now_ms)
+        for check, out in zip(checks, verdict.outcomes, strict=True):
+            result[check.descriptor].append((check.limit, out))
+        return result
+
+    async def _record_usage_alone(
+        self, usage: list[UsageOp], ttl_ms: int, now_ms: int | None
+    ) -> None:
+        """Usage of a request that matched no limit: recorded, failures only counted."""
+        try:
+            async with asyncio.timeout(self.settings.backend_timeout_ms / 1000):
+                await self.backend.record_usage(usage, ttl_ms, now_ms)
+        except (BackendError, TimeoutError) as exc:
+            self._backend_errors.inc()
+            self._log_failure(exc)
+
+    async def _decide(
+        self,
+        checks: list[Check],
+        now_ms: int | None,
+        usage: list[UsageOp] | None = None,
+        dom: Domain | None = None,
+    ) -> list[Outcome] | None:
+        ttl = dom.usage.ttl_ms if usage and dom is not None and dom.usage is not None else 0
         if len(checks) > 1:
             merged, slots = _merge_same_counter(checks)
             if slots is not None:
-                outcomes = await self._call_backend(merged, now_ms)
+                outcomes = await self._call_backend(merged, now_ms, usage, ttl)
                 return None if outcomes is None else [outcomes[j] for j in slots]
-        return await self._call_backend(checks, now_ms)
+        return await self._call_backend(checks, now_ms, usage, ttl)
 
     async def _call_backend(
-        self, checks: list[Check], now_ms: int | None
+        self,
+        checks: list[Check],
+        now_ms: int | None,
+        usage: list[UsageOp] | None = None,
+        usage_ttl_ms: int = 0,
     ) -> list[Outcome] | None:
         if self._decide_now is not None:  # in-process store: nothing to wait for
+            if usage:
+                self.backend.record_usage_now(usage, usage_ttl_ms, now_ms)  # type: ignore[attr-defined]
             return self._decide_now(checks, now_ms).outcomes
         backend = self.backend
         self._roundtrips.inc()
         try:
             async with asyncio.timeout(self.settings.backend_timeout_ms / 1000):
-                verdict = await backend.decide(checks, now_ms)
+                if usage:
+                    verdict = await backend.decide(checks, now_ms, usage, usage_ttl_ms)
+                else:
+                    verdict = await backend.decide(checks, now_ms)
         except (BackendError, TimeoutError) as exc:
             self._backend_errors.inc()
             self._log_failure(exc)

