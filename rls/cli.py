@@ -118,6 +118,22 @@ def check_config(paths: Sequence[str], merge_domains: bool) -> int:
     return 1 if errors else 0
 
 
+def _without_workers(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--workers":
+            skip = True
+            continue
+        if arg.startswith("--workers="):
+            continue
+        out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
@@ -128,6 +144,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rls: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1:
+        if not settings.redis_url:
+            print(
+                "rls: --workers > 1 needs --redis-url: the memory backend is per process and "
+                "would multiply every limit by the number of workers",
+                file=sys.stderr,
+            )
+            return 2
+        from rls.workers import supervise
+
+        argv = list(sys.argv[1:] if argv is None else argv)
+        return supervise(_without_workers(argv), settings.workers)
     from rls.server import serve
 
     try:

@@ -8,13 +8,15 @@ the Limit object, keeping the hot path free of label lookups.
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    Info,
     disable_created_metrics,
+    generate_latest,
 )
 
 from rls import __version__
@@ -68,6 +70,7 @@ class Metrics:
             "Backend circuit breaker: 0 closed, 1 open, 0.5 half-open (probing)",
             ["backend"],
             registry=r,
+            multiprocess_mode="max",
         )
         self.fallback = Counter(
             "rls_fallback_decisions",
@@ -80,13 +83,28 @@ class Metrics:
         self.config_error = Gauge(
             "rls_config_last_load_error", "1 while the last load failed, by file", ["file"],
             registry=r,
+            multiprocess_mode="max",
         )
         self.switch = Gauge(
             "rls_switch", "Runtime switches (1 on; shadow_domains: how many)", ["name"],
             registry=r,
+            multiprocess_mode="max",
         )
-        self.info = Info("rls_build", "Build information", registry=r)
-        self.info.info({"version": __version__})
+        self.build = Gauge(
+            "rls_build_info", "Build information", ["version"], registry=r,
+            multiprocess_mode="max",
+        )
+        self.build.labels(__version__).set(1)
+
+    def exposition(self) -> bytes:
+        """Prometheus text for /metrics: summed over all workers in multiprocess mode."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)
 
     def limit_stats(self, limit: Limit, key: str | None = None) -> tuple:
         if key is None:
@@ -120,9 +138,11 @@ class Metrics:
             if after > near_at:
                 near.inc(min(hits, after - near_at))
             return
-        excess = hits if used >= cap else after - cap
-        over_c.inc(excess)
-        if used < cap:
+        if used < cap < after:  # the hit crossed the limit: split it as the reference does
+            excess = after - cap
             near.inc(cap - max(near_at, used))
+        else:
+            excess = hits
+        over_c.inc(excess)
         if shadow:
             shadow_c.inc(excess)

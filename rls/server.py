@@ -12,6 +12,7 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2_grpc
 
 from rls.admin.app import AdminState, create_app
+from rls.admin.switches import follow_shared
 from rls.backends import create_backend
 from rls.backends.base import Backend, BackendError
 from rls.backends.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
@@ -21,6 +22,7 @@ from rls.metrics import Metrics
 from rls.services.health import create_health, set_serving
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
+from rls.workers import shared_dir
 
 log = logging.getLogger("rls.server")
 
@@ -92,7 +94,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     runner = web.AppRunner(create_app(state), access_log=None)
     await runner.setup()
     host, http_port = split_addr(settings.http_addr)
-    site = web.TCPSite(runner, host, http_port)
+    site = web.TCPSite(runner, host, http_port, reuse_port=shared_dir() is not None)
     await site.start()
     log.info(
         "rls serving gRPC on %s, admin on %s, backend %s",
@@ -101,6 +103,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
         app.backend.name,
     )
 
+    follower = asyncio.get_running_loop().create_task(follow_shared(settings, app.metrics))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -113,6 +116,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     state.draining = True
     await set_serving(health, False)
     await server.stop(grace=5.0)
+    follower.cancel()
     await app.holder.stop()
     await runner.cleanup()
     await app.backend.close()

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from aiohttp import web
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from rls.admin.counters import add_counter_routes
 from rls.admin.switches import add_switch_routes, publish, switch_state
 from rls.admin.usage import add_usage_routes
-from rls.config.model import RateLimitConfig
+from rls.config.model import Limit, RateLimitConfig
 from rls.engine.limiter import InvalidRequest
 from rls.metrics import Metrics
 from rls.services.ratelimit import RateLimitService
@@ -59,16 +59,25 @@ async def healthcheck(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state: AdminState = request.app["state"]
-    body = generate_latest(state.metrics.registry)
+    body = state.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def rlconfig(request: web.Request) -> web.Response:
-    """One line per limit, in the reference's format, then extension fields."""
+    """One line per limit in the reference's format; `?format=json` adds switches and files."""
     state: AdminState = request.app["state"]
     config = state.config()
     if config is None:
         return web.Response(status=503, text="no rate limit configuration loaded\n")
+    if request.query.get("format") == "json":
+        return web.json_response(
+            {
+                "files": config.files,
+                "domains": sorted(config.domains),
+                "limits": [_limit_json(limit) for limit in config.all_limits()],
+                "switches": switch_state(state.service.settings),
+            }
+        )
     lines = []
     for limit in config.all_limits():
         if limit.unlimited:
@@ -87,15 +96,27 @@ async def rlconfig(request: web.Request) -> web.Response:
         if limit.name:
             line += f", name: {limit.name}"
         lines.append(line)
-    switches = switch_state(state.service.settings)
-    lines.append(
-        "# switches: "
-        + ", ".join(
-            f"{k}={','.join(v) if isinstance(v, list) else str(v).lower()}"
-            for k, v in switches.items()
-        )
-    )
-    return web.Response(text="\n".join(lines) + "\n")
+    return web.Response(text="\n".join(lines) + ("\n" if lines else ""))
+
+
+def _limit_json(limit: Limit) -> dict[str, object]:
+    return {
+        "key": limit.full_key,
+        "name": limit.name,
+        "unlimited": limit.unlimited,
+        "requests_per_unit": limit.requests_per_unit,
+        "unit": limit.unit.name,
+        "unit_multiplier": limit.unit_multiplier,
+        "algorithm": limit.algorithm,
+        "burst": limit.burst,
+        "overdraft": limit.overdraft,
+        "calendar": limit.calendar,
+        "timezone": limit.timezone,
+        "charge": "always" if limit.charge_always else "on_allow",
+        "shadow_mode": limit.shadow_mode,
+        "quota_mode": limit.quota_mode,
+        "replaces": sorted(limit.replaces),
+    }
 
 
 async def json_decide(request: web.Request) -> web.Response:

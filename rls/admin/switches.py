@@ -8,13 +8,17 @@ and as the gauge rls_switch{name}.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import os
 from typing import Any
 
 from aiohttp import web
 
 from rls.admin.auth import requires_token
 from rls.settings import Settings
+from rls.workers import shared_dir
 
 log = logging.getLogger("rls.admin")
 
@@ -64,9 +68,49 @@ async def set_switches(request: web.Request) -> web.Response:
         settings.limiting_off = body["limiting_off"]
     if domains is not None:
         settings.shadow_domains = set(domains)
+    save_shared(settings)
     publish(settings, state.metrics)
     log.warning("runtime switches changed: %s", switch_state(settings))
     return web.json_response(switch_state(settings))
+
+
+def _shared_file() -> str | None:
+    folder = shared_dir()
+    return None if folder is None else os.path.join(folder, "switches.json")
+
+
+def save_shared(settings: Settings) -> None:
+    """With several workers, publish the switches for the others (atomic replace)."""
+    path = _shared_file()
+    if path is None:
+        return
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(switch_state(settings), fh)
+    os.replace(tmp, path)
+
+
+async def follow_shared(settings: Settings, metrics: Any, interval: float = 0.5) -> None:
+    """Apply switches another worker changed (polls the shared file's mtime)."""
+    path = _shared_file()
+    if path is None:
+        return
+    seen = 0
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+            if mtime == seen:
+                continue
+            with open(path, encoding="utf-8") as fh:
+                state = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        seen = mtime
+        settings.shadow_mode = bool(state.get("shadow_mode"))
+        settings.limiting_off = bool(state.get("limiting_off"))
+        settings.shadow_domains = set(state.get("shadow_domains") or ())
+        publish(settings, metrics)
 
 
 def add_switch_routes(app: web.Application) -> None:
