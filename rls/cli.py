@@ -88,6 +88,26 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate descriptor files and directories")
     check.add_argument("paths", nargs="+")
     check.add_argument("--merge-domains", action="store_true")
+
+    admin_default = env_value("admin_url") or "http://127.0.0.1:8080"
+    counters = sub.add_parser("counters", help="query counters (no charge) or add hits")
+    counters.add_argument("--admin", default=admin_default, help="admin API base URL")
+    counters.add_argument("--domain", required=True)
+    counters.add_argument(
+        "-d", "--descriptor", action="append", required=True, help="key=value[,key=value…]"
+    )
+    counters.add_argument("--add", type=int, metavar="HITS", help="charge HITS instead of querying")
+    usage = sub.add_parser("usage", help="usage statistics of a domain")
+    usage.add_argument("--admin", default=admin_default)
+    usage.add_argument("--domain", required=True)
+    usage.add_argument("--day", help="YYYYMMDD (default today)")
+    usage.add_argument("--distinct", metavar="KEY", help="count distinct values of KEY")
+    usage.add_argument("values", nargs="*", help="key=value of the statistic's keys")
+    switches = sub.add_parser("switches", help="show or change runtime switches")
+    switches.add_argument("--admin", default=admin_default)
+    switches.add_argument("--shadow-mode", choices=["on", "off"])
+    switches.add_argument("--limiting-off", choices=["on", "off"])
+    switches.add_argument("--shadow-domains", help="comma-separated domains ('' for none)")
     return parser
 
 
@@ -134,10 +154,34 @@ def _without_workers(argv: list[str]) -> list[str]:
     return out
 
 
+def _admin_command(args: argparse.Namespace) -> int:
+    from rls.admin import client
+
+    try:
+        if args.command == "counters":
+            if args.add is not None:
+                return client.add(args.admin, args.domain, args.descriptor, args.add)
+            return client.counters(args.admin, args.domain, args.descriptor)
+        if args.command == "usage":
+            return client.usage(args.admin, args.domain, args.values, args.day, args.distinct)
+        changes: dict[str, object] = {}
+        if args.shadow_mode:
+            changes["shadow_mode"] = args.shadow_mode == "on"
+        if args.limiting_off:
+            changes["limiting_off"] = args.limiting_off == "on"
+        if args.shadow_domains is not None:
+            changes["shadow_domains"] = [d for d in args.shadow_domains.split(",") if d]
+        return client.switches(args.admin, changes)
+    except (ValueError, OSError) as exc:
+        return client.fail(str(exc))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return check_config(args.paths, args.merge_domains)
+    if args.command in ("counters", "usage", "switches"):
+        return _admin_command(args)
     try:
         settings = _settings_from(args)
     except ValueError as exc:

@@ -23,11 +23,37 @@ log = logging.getLogger("rls.service")
 SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
 
 
+class LogGate:
+    """At most `per_second` lines per second; the rest are counted, so a flood of bad
+    requests cannot fill the disk (the metric still counts every one)."""
+
+    def __init__(self, per_second: int) -> None:
+        self.per_second = per_second
+        self._second = 0
+        self._used = 0
+        self._suppressed = 0
+
+    def allow(self) -> bool:
+        now = int(time.monotonic())
+        if now != self._second:
+            self._second, self._used = now, 0
+        if self._used < self.per_second:
+            self._used += 1
+            return True
+        self._suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        count, self._suppressed = self._suppressed, 0
+        return count
+
+
 class RateLimitService:
     def __init__(self, limiter: RateLimiter, settings: Settings, metrics: Metrics) -> None:
         self.limiter = limiter
         self.settings = settings
         self.metrics = metrics
+        self._log_gate = LogGate(per_second=5)
 
     to_response = staticmethod(to_response)
 
@@ -59,7 +85,16 @@ class RateLimitService:
 
     async def _reject(self, context: grpc.aio.ServicerContext, message: str) -> None:
         self.metrics.errors.labels("invalid_argument").inc()
-        log.info("invalid request: %s", message)
+        if self._log_gate.allow():
+            request_id = dict(context.invocation_metadata() or ()).get("x-request-id", "-")
+            suppressed = self._log_gate.take_suppressed()
+            log.info(
+                "invalid request (request_id=%s, peer=%s%s): %s",
+                request_id,
+                context.peer(),
+                f", {suppressed} more not logged" if suppressed else "",
+                message,
+            )
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
     def handler(self) -> grpc.GenericRpcHandler:
