@@ -33,6 +33,7 @@ FLAGS = {
     "merge_domains": "allow one domain to span several files",
     "near_limit_ratio": "fraction of a limit counted as near_limit",
     "key_prefix": "prefix of every counter key",
+    "local_cache": "answer keys known over limit without Redis until their reset (on/off)",
     "reload_interval": "seconds between config change checks (0 = no reload)",
     "max_descriptors": "most descriptors per request",
     "max_entries": "most entries per descriptor",
@@ -82,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         kind = types[name] if isinstance(types[name], str) else types[name].__name__
         if kind == "bool":
-            serve.add_argument(flag, action="store_true", default=None, help=text)
+            serve.add_argument(
+                flag, nargs="?", const="true", default=None, metavar="on|off", help=text
+            )
         else:
             serve.add_argument(flag, default=None, help=f"{text} (env RLS_{name.upper()})")
     check = sub.add_parser("check-config", help="validate descriptor files and directories")

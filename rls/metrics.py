@@ -55,6 +55,12 @@ class Metrics:
             "rls_limit_shadow_mode", "Over-limit hits let through by shadow mode", labels,
             registry=r,
         )
+        self.local_cache_over = Counter(
+            "rls_limit_over_limit_with_local_cache",
+            "Over-limit hits answered from the local over-limit cache (no backend call)",
+            labels,
+            registry=r,
+        )
         self.global_shadow = Counter(
             "rls_global_shadow_mode", "Calls turned OK by the global shadow switch", registry=r
         )

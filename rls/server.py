@@ -56,6 +56,7 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
     elif backend is None:
         backend = create_backend(None)
     limiter = RateLimiter(holder.current, backend, settings, metrics)
+    holder.on_change = lambda _config: limiter.clear_local_cache()
     service = RateLimitService(limiter, settings, metrics)
     return App(settings, metrics, holder, backend, limiter, service)
 

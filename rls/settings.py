@@ -34,6 +34,8 @@ class Settings:
     # Share of each limit a process may grant on its own while the backend is away (0 = off,
     # the failure mode answers instead). With N replicas, 1/N keeps the total near the limit.
     fallback_share: float = 0.0
+    # Answer keys known to be over limit locally until their reset (Redis only; 0 round trips).
+    local_cache: bool = True
     breaker_threshold: int = 3  # consecutive backend failures that open the circuit
     breaker_cooldown_ms: int = 1000  # open circuit: time before one probe call
     log_format: str = "text"

@@ -80,6 +80,8 @@ class RateLimiter:
         self._backend_errors = metrics.backend_errors.labels(backend.name, settings.failure_mode)
         self._last_failure_log = 0.0
         self._suppressed = 0
+        self._known_over: dict[str, tuple[int, int]] = {}
+        self._local_cache = self._decide_now is None and settings.local_cache
         self._fallback = MemoryBackend()
         self._fallback_calls = 0
         self._scaled_limits: dict[int, tuple[Limit, Limit]] = {}
@@ -111,6 +113,12 @@ class RateLimiter:
             )
             if not checks and usage:
                 await self._record_usage_alone(usage, dom.usage.ttl_ms, now_ms)
+        if checks and self._known_over and self._answer_locally(checks, statuses):
+            self.metrics.requests.labels(domain, "OVER_LIMIT").inc()
+            overall = OVER_LIMIT
+            if settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains:
+                overall = OK
+            return Decision(overall, statuses)
         overall = OK
         if checks:
             outcomes = await self._decide(checks, now_ms, usage, dom)
@@ -122,6 +130,8 @@ class RateLimiter:
                 self.metrics.requests.labels(domain, _CODE[overall]).inc()
                 return Decision(overall, statuses)
             overall = self._report(checks, outcomes, statuses)
+            if self._local_cache and overall == OVER_LIMIT:
+                self._remember_over(checks, outcomes)
         if overall == OVER_LIMIT and (
             settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains
         ):
@@ -191,6 +201,63 @@ class RateLimiter:
             checks.append(Check(i, limit, key, hits, flags, dyn, bounds))
 
         return checks
+
+    def clear_local_cache(self) -> None:
+        """Forget locally known over-limit keys (a config reload may change the limits)."""
+        self._known_over.clear()
+
+    def _remember_over(self, checks: list[Check], outcomes: list[Outcome]) -> None:
+        now = _local_ms()
+        known = self._known_over
+        if len(known) > LOCAL_CACHE_MAX:
+            known.clear()
+        for check, out in zip(checks, outcomes, strict=True):
+            if (
+                not out.ok
+                and not out.charged
+                and not check.flags & _NOT_CACHEABLE
+                and check.limit.algorithm not in _RELEASABLE
+            ):
+                known[check.key] = (now + out.reset_ms, max(check.hits, 1))
+
+    def _answer_locally(self, checks: list[Check], statuses: list[Status]) -> bool:
+        """Reject without a round trip when an enforcing check is known over until its reset.
+
+        Only for requests that would charge nothing anyway (no releases, no `charge: always`).
+        Descriptors that were not looked up are reported without current_limit.
+        """
+        now = _local_ms()
+        known = self._known_over
+        hit: tuple[Check, int] | None = None
+        for check in checks:
+            if check.flags & (NEGATIVE | CHARGE_ALWAYS):
+                return False
+            entry = known.get(check.key)
+            if entry is None:
+                continue
+            if entry[0] <= now:
+                del known[check.key]
+            elif (
+                hit is None
+                and not check.flags & (SHADOW | QUOTA)
+                and max(check.hits, 1) >= entry[1]
+            ):
+                hit = (check, entry[0] - now)
+        if hit is None:
+            return False
+        check, reset_ms = hit
+        status = statuses[check.descriptor]
+        status.code, status.limit, status.remaining, status.reset_ms = (
+            OVER_LIMIT,
+            check.limit,
+            0,
+            reset_ms,
+        )
+        self.metrics.local_cache_over.labels(check.limit.full_key).inc(check.hits)
+        self.metrics.record_limit(
+            check.limit, check.stats_key, check.hits, check.limit.requests_per_unit, True, False
+        )
+        return True
 
     async def query(
         self, domain: str, descriptors: Sequence[DescriptorIn], now_ms: int | None = None
@@ -318,9 +385,7 @@ class RateLimiter:
             self._last_failure_log = now
             self._suppressed = 0
 
-    def _report(
-        self, checks: list[Check], outcomes: list[Outcome], statuses: list[Status]
-    ) -> int:
+    def _report(self, checks: list[Check], outcomes: list[Outcome], statuses: list[Status]) -> int:
         """Fold check outcomes into per-descriptor statuses; return the overall code."""
         overall = OK
         quota_seen = quota_room = False
@@ -407,4 +472,14 @@ def _tighter(over: bool, remaining: int, reset_ms: int, current: Status) -> bool
 
 
 _UNITS = frozenset(int(u) for u in Unit)
+LOCAL_CACHE_MAX = 100_000
+_NOT_CACHEABLE = SHADOW | QUOTA | NEGATIVE | CHARGE_ALWAYS
+# Algorithms whose room comes back early through releases from any replica.
+_RELEASABLE = frozenset({"concurrency"})
+
+
+def _local_ms() -> int:
+    return int(time.time() * 1000)
+
+
 _CODE = {OK: "OK", OVER_LIMIT: "OVER_LIMIT"}

@@ -1,0 +1,293 @@
+"""The response cache: lookup, store, TTL refresh, purge, and coalescing of identical misses.
+
+Purge is O(1): each API has a version (`<prefix>v:<api>`) that is part of every entry key, and
+purge writes a new one, so older entries become unreachable and expire on their own TTL. The
+version is cached in-process for `version_cache_ms` (default 1 s): a purge is immediate in the
+process that served it and visible to other replicas within that bound.
+
+Coalescing: the first miss for a key registers a "fill in progress" marker. An identical miss in
+the same process waits for that fill at most `coalesce_wait_ms` (default 100 ms, below Envoy's
+default 200 ms message timeout), then looks up again and, still missing, goes upstream itself.
+Waiting longer needs Envoy's `max_message_timeout` raised: the servicer asks Envoy for more time
+(`override_message_timeout`) before it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from rls.cache.config import CacheConfig, CacheRule
+from rls.cache.entry import KIND_VARY, Entry, EntryError
+from rls.cache.keys import Headers, entry_key, request_digest, vary_digest, version_key
+from rls.cache.metrics import CacheMetrics
+from rls.cache.store import GuardedStore, StoreDown, StoreError
+
+log = logging.getLogger("rls.cache")
+
+INITIAL_VERSION = "0"
+
+
+class Fill:
+    """A miss whose response this process is fetching; identical misses may wait for it."""
+
+    def __init__(self, cache: ResponseCache, key: str) -> None:
+        self.cache = cache
+        self.key = key
+        self.done = asyncio.Event()
+        self.released = False
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.done.set()
+        if self.cache.fills.get(self.key) is self:
+            del self.cache.fills[self.key]
+        self.cache.metrics.fills.dec()
+
+
+@dataclass(slots=True)
+class RequestKey:
+    """Everything needed to look up, and later store, one request's entry."""
+
+    rule: CacheRule
+    digest: bytes
+    headers: Headers
+    version: str = INITIAL_VERSION
+    base_key: str = ""
+
+
+@dataclass(slots=True)
+class Lookup:
+    """`entry` on a hit; on a miss, `fill` when this request should store the response."""
+
+    entry: Entry | None = None
+    keys: list[str] = field(default_factory=list)  # keys to refresh on a hit
+    fill: Fill | None = None
+    error: str | None = None  # bypass reason when the store failed
+
+
+class ResponseCache:
+    def __init__(
+        self,
+        config: CacheConfig,
+        store: GuardedStore,
+        metrics: CacheMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.fills: dict[str, Fill] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._versions: dict[str, tuple[str, float]] = {}
+
+    # ------------------------------------------------------------------ keys and versions
+
+    def request_key(
+        self, rule: CacheRule, method: str, headers: Headers, body: bytes
+    ) -> RequestKey:
+        return RequestKey(rule, request_digest(rule, method, headers, body), headers)
+
+    async def version(self, api: str) -> str:
+        cached = self._versions.get(api)
+        now = time.monotonic()
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        raw = await self.store.get_version(version_key(self.config.key_prefix, api))
+        version = raw.decode() if raw else INITIAL_VERSION
+        self._versions[api] = (version, now + self.config.version_cache_ms / 1000)
+        return version
+
+    # ------------------------------------------------------------------ lookup
+
+    async def lookup(
+        self,
+        rk: RequestKey,
+        on_wait: Callable[[float], Awaitable[None]] | None = None,
+        skip_read: bool = False,
+    ) -> Lookup:
+        """Hit, or miss (with a Fill ticket unless another fill is already running).
+
+        Store errors never raise: the result carries the bypass reason instead.
+        """
+        try:
+            started = time.perf_counter()
+            rk.version = await self.version(rk.rule.api)
+            rk.base_key = entry_key(self.config.key_prefix, rk.rule.api, rk.version, rk.digest)
+            fill = self.fills.get(rk.base_key)
+            if skip_read:  # request Cache-Control: no-cache: fetch fresh, store, never wait
+                return Lookup(fill=self._start_fill(rk.base_key) if fill is None else None)
+            found = await self._read(rk)
+            self.metrics.lookup_seconds.observe(time.perf_counter() - started)
+            if found is not None:
+                return found
+            fill = self.fills.get(rk.base_key)
+            if fill is None or self.config.coalesce_wait_ms <= 0:
+                return Lookup(fill=self._start_fill(rk.base_key) if fill is None else None)
+            found = await self._wait_for_fill(rk, fill, on_wait)
+            if found is not None:
+                return found
+            return Lookup(fill=None if rk.base_key in self.fills else self._start_fill(rk.base_key))
+        except StoreDown:
+            return Lookup(error="store_down")
+        except StoreError as exc:
+            self.metrics.errors.labels(exc.op).inc()
+            log.warning("%s; request goes upstream uncached", exc)
+            return Lookup(error="store_error")
+
+    async def _read(self, rk: RequestKey) -> Lookup | None:
+        raw = await self.store.get(rk.base_key)
+        if raw is None:
+            return None
+        keys = [rk.base_key]
+        try:
+            entry = Entry.decode(raw)
+            if entry.kind == KIND_VARY:
+                key = entry_key(
+                    self.config.key_prefix, rk.rule.api, rk.version,
+                    vary_digest(rk.digest, entry.vary_names, rk.headers),
+                )
+                raw = await self.store.get(key)
+                if raw is None:
+                    return None
+                keys.append(key)
+                entry = Entry.decode(raw)
+                if entry.kind == KIND_VARY:
+                    raise EntryError("a Vary pointer points at another pointer")
+        except EntryError as exc:
+            self.metrics.errors.labels("decode").inc()
+            log.warning("cache entry %s unreadable (%s); treated as a miss", keys[-1], exc)
+            return None
+        return Lookup(entry=entry, keys=keys)
+
+    def _start_fill(self, key: str) -> Fill:
+        fill = Fill(self, key)
+        self.fills[key] = fill
+        self.metrics.fills.inc()
+        return fill
+
+    async def _wait_for_fill(
+        self, rk: RequestKey, fill: Fill, on_wait: Callable[[float], Awaitable[None]] | None
+    ) -> Lookup | None:
+        wait = self.config.coalesce_wait_ms / 1000
+        if on_wait is not None:
+            await on_wait(wait)
+        try:
+            await asyncio.wait_for(asyncio.shield(fill.done.wait()), wait)
+        except TimeoutError:
+            self.metrics.coalesced.labels("timeout").inc()
+            return None
+        found = await self._read(rk)
+        self.metrics.coalesced.labels("hit" if found is not None else "miss").inc()
+        return found
+
+    # ------------------------------------------------------------------ after a hit
+
+    def age(self, entry: Entry) -> int:
+        return max(0, int(self.clock() - entry.stored_at_ms / 1000))
+
+    async def refresh(self, rule: CacheRule, keys: list[str]) -> None:
+        """Push the TTL of a hit entry (and its Vary pointer) back to the rule's full TTL."""
+        for key in keys:
+            try:
+                await self.store.expire(key, rule.ttl)
+            except StoreDown:
+                return
+            except StoreError as exc:
+                self.metrics.errors.labels(exc.op).inc()
+                return
+
+    # ------------------------------------------------------------------ store
+
+    async def save(
+        self,
+        rk: RequestKey,
+        status: int,
+        headers: tuple[tuple[str, bytes], ...],
+        body: bytes,
+        vary: frozenset[str],
+        fill: Fill | None,
+    ) -> None:
+        """Write one response (run as a background task, after Envoy got its reply)."""
+        rule = rk.rule
+        try:
+            now_ms = int(self.clock() * 1000)
+            data = Entry(status, headers, body, now_ms).encode()
+            if vary:
+                key = entry_key(
+                    self.config.key_prefix, rule.api, rk.version,
+                    vary_digest(rk.digest, vary, rk.headers),
+                )
+                await self.store.set(key, data, rule.ttl)
+                pointer = Entry.vary_pointer(vary, now_ms).encode()
+                await self.store.set(rk.base_key, pointer, rule.ttl)
+            else:
+                await self.store.set(rk.base_key, data, rule.ttl)
+            self.metrics.stores.labels(rule.api).inc()
+            self.metrics.stored_bytes.labels(rule.api).inc(len(data))
+        except StoreDown:
+            self.metrics.bypasses.labels("store_down").inc()
+        except StoreError as exc:
+            self.metrics.errors.labels(exc.op).inc()
+            log.warning("%s; response not cached", exc)
+        finally:
+            if fill is not None:
+                fill.release()
+
+    # ------------------------------------------------------------------ purge and stats
+
+    async def purge(self, api: str) -> str:
+        """New namespace version for `api`; raises StoreError when the store cannot be written."""
+        if api not in self.config.apis:
+            raise KeyError(api)
+        version = format(time.time_ns() // 1000, "x")  # fresh; no read-modify-write race
+        try:
+            await self.store.set_version(version_key(self.config.key_prefix, api), version.encode())
+        except StoreError as exc:
+            self.metrics.errors.labels(exc.op).inc()
+            raise
+        self._versions[api] = (version, time.monotonic() + self.config.version_cache_ms / 1000)
+        self.metrics.purges.labels(api).inc()
+        log.info("cache purged for api %s (version %s)", api, version)
+        return version
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "store": self.store.name,
+            "store_down": self.store.down,
+            "fills_in_progress": len(self.fills),
+            "apis": sorted(self.config.apis),
+            "rules": [
+                {
+                    "api": r.api,
+                    "match": {"kind": r.match.kind, "name": r.match.name, "value": r.match.value},
+                    "methods": sorted(r.methods),
+                    "ttl": r.ttl,
+                    "max_entry_bytes": r.max_entry_bytes,
+                    "statuses": sorted(r.statuses),
+                }
+                for r in self.config.rules
+            ],
+            "counters": self.metrics.snapshot(),
+        }
+
+    # ------------------------------------------------------------------ background work
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` in the background, keeping a reference so it is not collected early."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def close(self, timeout: float = 2.0) -> None:
+        """Let pending stores finish (bounded), then close the store connection."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout)
+        await self.store.close()

@@ -1,0 +1,239 @@
+"""Cache stores: Redis, SSDB (a strict Redis-protocol subset) and in-process memory.
+
+Every operation has a short deadline (default 50 ms, `store_timeout_ms`). A failure or a timeout
+raises `StoreError`; the cache then lets the request go upstream uncached. After
+`FAILURES_TO_TRIP` consecutive failures the store is marked down for `DOWN_SECONDS` and fails
+fast (`StoreDown`) instead of making every request wait for a dead server's timeout.
+
+URL schemes: `redis://`, `rediss://`, `unix://` (redis-py, RESP3 as it likes; GET, SET PX,
+PEXPIRE), `ssdb://[:password@]host:port` (same client restricted to GET, SETEX, EXPIRE over
+RESP2, no HELLO, no CLIENT SETINFO, no SELECT: see reference/ssdb.md), `memory://` (one
+process; for tests and demos).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+T = TypeVar("T")
+
+MAX_KEY_BYTES = 255  # SSDB's limit (longer keys error on write and look like misses on read)
+VERSION_TTL = 10 * 365 * 86400  # SSDB mode only: every SSDB write carries a TTL (SETEX)
+FAILURES_TO_TRIP = 3
+DOWN_SECONDS = 1.0
+
+
+class StoreError(Exception):
+    """A store operation failed or timed out; `op` names it for the errors metric."""
+
+    def __init__(self, op: str, message: str) -> None:
+        super().__init__(f"cache store {op}: {message}")
+        self.op = op
+
+
+class StoreDown(StoreError):
+    """The store is marked down after repeated failures; the operation was not attempted."""
+
+
+def bound_key(key: str) -> str:
+    """Keys over 255 bytes become a readable head plus a SHA-256 of the whole (SSDB-safe)."""
+    raw = key.encode()
+    if len(raw) <= MAX_KEY_BYTES:
+        return key
+    head = raw[:150].decode(errors="ignore")
+    return f"{head}#{hashlib.sha256(raw).hexdigest()}"
+
+
+class GuardedStore:
+    """Deadline and down-marking shared by every backend."""
+
+    name = "store"
+
+    def __init__(self, timeout_ms: int = 50) -> None:
+        self.timeout = timeout_ms / 1000
+        self._failures = 0
+        self._down_until = 0.0
+
+    @property
+    def down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    async def _run(self, op: str, call: Awaitable[T]) -> T:
+        if self.down:
+            if asyncio.iscoroutine(call):
+                call.close()
+            raise StoreDown(op, "marked down after repeated failures")
+        try:
+            result = await asyncio.wait_for(call, self.timeout)
+        except (TimeoutError, RedisError, OSError) as exc:
+            self._failures += 1
+            if self._failures >= FAILURES_TO_TRIP:
+                self._down_until = time.monotonic() + DOWN_SECONDS
+            raise StoreError(op, str(exc) or type(exc).__name__) from exc
+        self._failures = 0
+        return result
+
+    async def get(self, key: str) -> bytes | None:
+        return await self._run("get", self._get(bound_key(key)))
+
+    async def set(self, key: str, value: bytes, ttl: int) -> None:
+        await self._run("set", self._set(bound_key(key), value, ttl))
+
+    async def expire(self, key: str, ttl: int) -> None:
+        await self._run("expire", self._expire(bound_key(key), ttl))
+
+    async def get_version(self, key: str) -> bytes | None:
+        return await self._run("version", self._get(bound_key(key)))
+
+    async def set_version(self, key: str, value: bytes) -> None:
+        await self._run("purge", self._set_version(bound_key(key), value))
+
+    async def close(self) -> None:
+        return None
+
+    # backend primitives
+    async def _get(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    async def _set(self, key: str, value: bytes, ttl: int) -> None:
+        raise NotImplementedError
+
+    async def _expire(self, key: str, ttl: int) -> None:
+        raise NotImplementedError
+
+    async def _set_version(self, key: str, value: bytes) -> None:
+        raise NotImplementedError
+
+
+class RedisCacheStore(GuardedStore):
+    """redis-py asyncio client; `ssdb=True` restricts it to SSDB's safe subset.
+
+    Redis mode: GET, SET key value PX ttl, PEXPIRE, and a plain SET for the version (no TTL).
+    SSDB mode: GET, SETEX, EXPIRE only: SSDB accepts `SET ... PX` but ignores the TTL, has no
+    PEXPIRE, and a plain SET keeps a key's old TTL, so the version is written with SETEX and a
+    ten-year TTL.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ssdb: bool = False,
+        timeout_ms: int = 50,
+        connect_timeout_ms: int | None = None,
+        pool_size: int = 64,
+    ) -> None:
+        super().__init__(timeout_ms)
+        self.ssdb = ssdb
+        self.name = "ssdb" if ssdb else "redis"
+        self.url = url
+        seconds = timeout_ms / 1000
+        common: dict[str, Any] = {
+            "socket_timeout": seconds,
+            "socket_connect_timeout": (connect_timeout_ms or timeout_ms) / 1000,
+            "max_connections": pool_size,
+            "retry": Retry(NoBackoff(), 0),  # the deadline is ours: no hidden retries
+        }
+        if ssdb:
+            parts = urlsplit(url)
+            db = parts.path.strip("/")
+            if db not in ("", "0"):
+                raise ValueError(f"{url}: SSDB has only database 0 (no SELECT)")
+            self.client: Any = aioredis.Redis(
+                host=parts.hostname or "127.0.0.1",
+                port=parts.port or 8888,
+                db=0,
+                password=parts.password or None,
+                protocol=2,  # SSDB rejects HELLO, which RESP3 needs
+                driver_info=None,  # no CLIENT SETINFO
+                **common,
+            )
+        else:
+            self.client = aioredis.from_url(url, **common)
+
+    async def _get(self, key: str) -> bytes | None:
+        value = await self.client.get(key)
+        return None if value is None else bytes(value)
+
+    async def _set(self, key: str, value: bytes, ttl: int) -> None:
+        if self.ssdb:
+            await self.client.setex(key, max(1, ttl), value)
+        else:
+            await self.client.set(key, value, px=ttl * 1000)
+
+    async def _expire(self, key: str, ttl: int) -> None:
+        if self.ssdb:
+            await self.client.expire(key, max(1, ttl))
+        else:
+            await self.client.pexpire(key, ttl * 1000)
+
+    async def _set_version(self, key: str, value: bytes) -> None:
+        if self.ssdb:
+            await self.client.setex(key, VERSION_TTL, value)
+        else:
+            await self.client.set(key, value)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class MemoryCacheStore(GuardedStore):
+    """A dict with expiry; single process, no size bound beyond entry TTLs (tests, demos)."""
+
+    name = "memory"
+
+    def __init__(self, timeout_ms: int = 50) -> None:
+        super().__init__(timeout_ms)
+        self.data: dict[str, tuple[bytes, float | None]] = {}
+
+    def _live(self, key: str) -> bytes | None:
+        item = self.data.get(key)
+        if item is None:
+            return None
+        value, deadline = item
+        if deadline is not None and time.monotonic() >= deadline:
+            del self.data[key]
+            return None
+        return value
+
+    async def _get(self, key: str) -> bytes | None:
+        return self._live(key)
+
+    async def _set(self, key: str, value: bytes, ttl: int) -> None:
+        self.data[key] = (value, time.monotonic() + ttl)
+
+    async def _expire(self, key: str, ttl: int) -> None:
+        value = self._live(key)
+        if value is not None:
+            self.data[key] = (value, time.monotonic() + ttl)
+
+    async def _set_version(self, key: str, value: bytes) -> None:
+        self.data[key] = (value, None)
+
+    def ttl(self, key: str) -> float | None:
+        item = self.data.get(bound_key(key))
+        if item is None or item[1] is None:
+            return None
+        return item[1] - time.monotonic()
+
+
+def create_store(url: str | None, timeout_ms: int = 50) -> GuardedStore:
+    """A store for `url` (`redis://`, `rediss://`, `unix://`, `ssdb://`, `memory://`)."""
+    if not url or url == "memory://":
+        return MemoryCacheStore(timeout_ms)
+    scheme = urlsplit(url).scheme
+    if scheme == "ssdb":
+        return RedisCacheStore(url, ssdb=True, timeout_ms=timeout_ms)
+    if scheme in ("redis", "rediss", "unix"):
+        return RedisCacheStore(url, timeout_ms=timeout_ms)
+    raise ValueError(f"unsupported cache store URL {url!r} (redis://, rediss://, ssdb://, memory://)")

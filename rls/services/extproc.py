@@ -1,0 +1,296 @@
+"""gRPC `envoy.service.ext_proc.v3.ExternalProcessor/Process`: the response cache (grpc.aio).
+
+Envoy opens one bidi stream per HTTP request and, with the filter config of
+envoy/gateway-cache.yaml, sends only the request headers unless this servicer asks for more.
+Every message gets exactly one reply, in order (envoy.md §5). The flow:
+
+- request_headers: no rule → empty reply (proceed), nothing else on this stream. The key needs
+  the body and there is one → reply with `mode_override` {request body BUFFERED, response
+  headers SEND, response body BUFFERED} (response modes can only be changed in replies to
+  header messages, so they are asked for now), then look up on request_body. Otherwise look up
+  now: hit → ImmediateResponse; miss → reply with `mode_override` {response SEND, BUFFERED}.
+- response_headers: add `x-cache: MISS`; a response that must not be stored (status,
+  Cache-Control no-store/private/no-cache, Set-Cookie, Vary, Content-Length over the limit)
+  switches the response body back to NONE, so Envoy does not buffer it (a body over Envoy's
+  buffer limit would otherwise turn into a 500 for the client).
+- response_body (end_of_stream true, within max_entry_bytes): reply first, then store in the
+  background; the reply never waits for the store.
+
+Envoy honours each `mode_override` only if `allow_mode_override` is on and
+`allowed_override_modes` lists it in full, trailer modes included (see gateway-cache.yaml).
+When the stream ends with a cancel instead of a clean end, that is normal for ext_proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import duration_pb2
+
+from rls.cache.cache import Fill, RequestKey, ResponseCache
+from rls.cache.config import CacheRule
+from rls.cache.entry import Entry, cache_control, never_store_reason, storable_headers, vary_names
+from rls.cache.keys import Headers, select_rule
+
+log = logging.getLogger("rls.extproc")
+
+SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+ATTRIBUTES = "envoy.filters.http.ext_proc"
+DETAILS = "served_from_cache"
+
+_PM = processing_mode_pb2.ProcessingMode
+RESPONSE = _PM(response_header_mode=_PM.SEND, response_body_mode=_PM.BUFFERED)
+REQUEST_BODY_AND_RESPONSE = _PM(
+    request_body_mode=_PM.BUFFERED, response_header_mode=_PM.SEND, response_body_mode=_PM.BUFFERED
+)
+NO_RESPONSE_BODY = _PM(response_header_mode=_PM.SEND, response_body_mode=_PM.NONE)
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_APPEND = base_pb2.HeaderValueOption.APPEND_IF_EXISTS_OR_ADD
+WAIT_HEADROOM = 0.1  # asked of Envoy on top of the coalescing wait, for the lookup after it
+
+
+@dataclass(slots=True)
+class _Stream:
+    """Per-HTTP-request state. `phase`: idle → body? → fill → response_body → done."""
+
+    phase: str = "idle"
+    rule: CacheRule | None = None
+    method: str = ""
+    headers: Headers | None = None
+    skip_read: bool = False
+    response_requested: bool = False
+    rk: RequestKey | None = None
+    fill: Fill | None = None
+    status: int = 0
+    stored_headers: tuple[tuple[str, bytes], ...] = ()
+    vary: frozenset[str] = frozenset()
+
+
+Reply = tuple[pb.ProcessingResponse, Coroutine[Any, Any, None] | None]
+
+
+class ExtProcService:
+    def __init__(self, cache: ResponseCache) -> None:
+        self.cache = cache
+        self.metrics = cache.metrics
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "Process": grpc.stream_stream_rpc_method_handler(
+                    self.process,
+                    request_deserializer=pb.ProcessingRequest.FromString,
+                    response_serializer=pb.ProcessingResponse.SerializeToString,
+                )
+            },
+        )
+
+    async def process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        """One stream: read a message, write its reply, then start any background store."""
+        st = _Stream()
+        job: Coroutine[Any, Any, None] | None = None
+
+        async def ask_for_time(wait: float) -> None:
+            # Not a reply: Envoy restarts its message timer (up to max_message_timeout) and
+            # ignores the request (counting it) when max_message_timeout is 0.
+            timeout = duration_pb2.Duration()
+            timeout.FromMilliseconds(int((wait + WAIT_HEADROOM) * 1000))
+            await context.write(pb.ProcessingResponse(override_message_timeout=timeout))
+
+        try:
+            while True:
+                request = await context.read()
+                if request is grpc.aio.EOF:
+                    return
+                reply, job = await self._handle(st, request, ask_for_time)
+                await context.write(reply)
+                if job is not None:
+                    self.cache.spawn(job)  # the reply is out; the store never delays it
+                    job = None
+        except (grpc.RpcError, asyncio.CancelledError, ConnectionError):
+            # Envoy ends streams with a cancel after the last reply: normal.
+            return
+        finally:
+            if job is not None:
+                job.close()
+            if st.fill is not None:
+                st.fill.release()
+
+    async def _handle(self, st: _Stream, request: pb.ProcessingRequest, ask: Any) -> Reply:
+        kind = request.WhichOneof("request")
+        if kind == "request_headers" and st.phase == "idle":
+            return await self._request_headers(st, request, ask)
+        if kind == "request_body" and st.phase == "body":
+            return await self._request_body(st, request.request_body, ask)
+        if kind == "response_headers" and st.phase == "fill":
+            return self._response_headers(st, request.response_headers)
+        if kind == "response_body" and st.phase == "response_body":
+            return self._response_body(st, request.response_body)
+        reply = _empty(kind)
+        if kind == "response_headers" and st.response_requested and st.phase == "done":
+            reply.mode_override.CopyFrom(NO_RESPONSE_BODY)  # asked for it, no longer need it
+            st.response_requested = False
+        return reply, None
+
+    # ------------------------------------------------------------------ request side
+
+    async def _request_headers(self, st: _Stream, request: pb.ProcessingRequest, ask: Any) -> Reply:
+        msg = request.request_headers
+        headers = Headers.from_proto(msg.headers)
+        method = headers.text(":method")
+        rule, reason = select_rule(self.cache.config, method, _attributes(request), headers)
+        st.phase = "done"
+        if rule is None:
+            return self._bypass(reason, "request_headers")
+        directives = cache_control(headers)
+        if "no-store" in directives:
+            return self._bypass("request_no_store", "request_headers")
+        st.rule, st.method, st.headers = rule, method, headers
+        st.skip_read = "no-cache" in directives
+        if rule.key.body and not msg.end_of_stream:
+            st.phase = "body"
+            st.response_requested = True
+            reply = _empty("request_headers")
+            reply.mode_override.CopyFrom(REQUEST_BODY_AND_RESPONSE)
+            return reply, None
+        return await self._lookup(st, b"", "request_headers", ask)
+
+    async def _request_body(self, st: _Stream, msg: pb.HttpBody, ask: Any) -> Reply:
+        if not msg.end_of_stream:
+            st.phase = "done"
+            return self._bypass("partial_request_body", "request_body")
+        return await self._lookup(st, msg.body, "request_body", ask)
+
+    async def _lookup(self, st: _Stream, body: bytes, kind: str, ask: Any) -> Reply:
+        assert st.rule is not None and st.headers is not None
+        rule = st.rule
+        rk = self.cache.request_key(rule, st.method, st.headers, body)
+        if st.skip_read:
+            self.metrics.bypasses.labels("request_no_cache").inc()
+        result = await self.cache.lookup(rk, on_wait=ask, skip_read=st.skip_read)
+        if result.entry is not None:
+            st.phase = "done"
+            self.metrics.hits.labels(rule.api).inc()
+            return self._hit(result.entry), self.cache.refresh(rule, result.keys)
+        if result.error is not None:
+            st.phase = "done"
+            return self._bypass(result.error, kind)
+        self.metrics.misses.labels(rule.api).inc()
+        st.rk, st.fill, st.phase = rk, result.fill, "fill"
+        reply = _empty(kind)
+        if kind == "request_headers":
+            reply.mode_override.CopyFrom(RESPONSE)
+            st.response_requested = True
+        return reply, None
+
+    def _hit(self, entry: Entry) -> pb.ProcessingResponse:
+        reply = pb.ProcessingResponse()
+        ir = reply.immediate_response
+        ir.status.code = entry.status  # type: ignore[assignment]
+        seen: set[str] = set()
+        for name, value in entry.headers:
+            _set_header(ir.headers, name, value, _APPEND if name in seen else _OVERWRITE)
+            seen.add(name)
+        _set_header(ir.headers, "x-cache", b"HIT", _OVERWRITE)
+        _set_header(ir.headers, "age", str(self.cache.age(entry)).encode(), _OVERWRITE)
+        ir.body = entry.body
+        ir.details = DETAILS
+        return reply
+
+    # ------------------------------------------------------------------ response side
+
+    def _response_headers(self, st: _Stream, msg: pb.HttpHeaders) -> Reply:
+        assert st.rule is not None
+        headers = Headers.from_proto(msg.headers)
+        reply = _empty("response_headers")
+        mutation = reply.response_headers.response.header_mutation
+        _set_header(mutation, "x-cache", b"MISS", _OVERWRITE)
+        status_text = headers.text(":status")
+        status = int(status_text) if status_text.isdigit() else 0
+        reason = never_store_reason(st.rule, status, headers)
+        st.phase = "done"
+        if reason is not None:
+            self.metrics.bypasses.labels(reason).inc()
+            self._release(st)
+            if not msg.end_of_stream:
+                reply.mode_override.CopyFrom(NO_RESPONSE_BODY)
+            return reply, None
+        st.status = status
+        st.stored_headers = storable_headers(headers)
+        st.vary = frozenset(vary_names(headers) or ())
+        if msg.end_of_stream:  # no body will follow (e.g. 204): store what we have
+            return reply, self._save(st, b"")
+        st.phase = "response_body"
+        return reply, None
+
+    def _response_body(self, st: _Stream, msg: pb.HttpBody) -> Reply:
+        assert st.rule is not None
+        reply = _empty("response_body")
+        st.phase = "done"
+        if not msg.end_of_stream:
+            self.metrics.bypasses.labels("partial_body").inc()
+            self._release(st)
+            return reply, None
+        if len(msg.body) > st.rule.max_entry_bytes:
+            self.metrics.bypasses.labels("too_large").inc()
+            self._release(st)
+            return reply, None
+        return reply, self._save(st, msg.body)
+
+    def _save(self, st: _Stream, body: bytes) -> Coroutine[Any, Any, None]:
+        assert st.rk is not None
+        fill, st.fill = st.fill, None  # the background store releases it when done
+        return self.cache.save(st.rk, st.status, st.stored_headers, body, st.vary, fill)
+
+    def _release(self, st: _Stream) -> None:
+        if st.fill is not None:
+            st.fill.release()
+            st.fill = None
+
+    def _bypass(self, reason: str, kind: str) -> Reply:
+        self.metrics.bypasses.labels(reason).inc()
+        return _empty(kind), None
+
+
+def _empty(kind: str | None) -> pb.ProcessingResponse:
+    """The "continue, change nothing" reply for a message of this kind."""
+    reply = pb.ProcessingResponse()
+    if kind in ("request_headers", "response_headers", "request_body", "response_body"):
+        getattr(reply, kind).response.SetInParent()
+    elif kind in ("request_trailers", "response_trailers"):
+        getattr(reply, kind).SetInParent()
+    return reply
+
+
+def _set_header(mutation: Any, name: str, value: bytes, action: int) -> None:
+    """Header values must go in `raw_value`: Envoy sends an empty header for `value` (e2e)."""
+    option = mutation.set_headers.add()
+    option.header.key = name
+    option.header.raw_value = value
+    option.append_action = action
+
+
+def _attributes(request: pb.ProcessingRequest) -> dict[str, Any]:
+    """The request attributes Envoy evaluated, as plain strings, numbers and booleans."""
+    if ATTRIBUTES not in request.attributes:
+        return {}
+    out: dict[str, Any] = {}
+    for name, value in request.attributes[ATTRIBUTES].fields.items():
+        which = value.WhichOneof("kind")
+        if which == "string_value":
+            out[name] = value.string_value
+        elif which == "number_value":
+            number = value.number_value
+            out[name] = int(number) if number.is_integer() else number
+        elif which == "bool_value":
+            out[name] = "true" if value.bool_value else "false"
+    return out
