@@ -114,8 +114,9 @@ class Metrics:
 
     def limit_stats(self, limit: Limit, key: str | None = None) -> tuple:
         if key is None:
-            if limit.stats is not None:
-                return limit.stats
+            cached = limit.stats
+            if cached is not None and cached[0] is self:
+                return cached[1]
             key = limit.full_key
         stats = (
             self.total_hits.labels(key),
@@ -125,7 +126,7 @@ class Metrics:
             self.shadow.labels(key),
         )
         if key == limit.full_key:
-            limit.stats = stats
+            limit.stats = (self, stats)  # per Metrics instance (tests build several)
         return stats
 
     def record_limit(

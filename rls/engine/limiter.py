@@ -230,7 +230,10 @@ class RateLimiter:
         known = self._known_over
         hit: tuple[Check, int] | None = None
         for check in checks:
-            if check.flags & (NEGATIVE | CHARGE_ALWAYS):
+            if check.flags & NEGATIVE:
+                known.pop(check.key, None)  # a release makes room: ask the backend again
+                return False
+            if check.flags & CHARGE_ALWAYS:
                 return False
             entry = known.get(check.key)
             if entry is None:
@@ -442,24 +445,34 @@ class RateLimiter:
 
 def _merge_same_counter(checks: list[Check]) -> tuple[list[Check], list[int] | None]:
     """Fold checks on the same counter (two descriptors of one request mapping to one key)
-    into one check carrying their summed hits, so the counter is charged for both, as with the
-    reference's two INCRBYs. Returns (checks, None) when there is nothing to fold."""
-    index: dict[tuple[str, int], int] = {}
+    into one check, so the counter is charged for both, as with the reference's two INCRBYs.
+
+    Hits are netted: charges add, releases (is_negative_hits) subtract; a negative net is a
+    release of that size. Returns (checks, None) when there is nothing to fold.
+    """
+    index: dict[str, int] = {}
+    net: list[int] = []
     merged: list[Check] = []
     slots: list[int] = []
-    folded = False
     for check in checks:
-        ident = (check.key, check.flags)
-        j = index.get(ident)
+        signed = -check.hits if check.flags & NEGATIVE else check.hits
+        j = index.get(check.key)
         if j is None:
-            index[ident] = len(merged)
+            index[check.key] = len(merged)
             slots.append(len(merged))
             merged.append(check)
+            net.append(signed)
         else:
-            merged[j] = replace(merged[j], hits=merged[j].hits + check.hits)
+            net[j] += signed
             slots.append(j)
-            folded = True
-    return (merged, slots) if folded else (checks, None)
+    if len(merged) == len(checks):
+        return checks, None
+    for j, check in enumerate(merged):
+        total = net[j]
+        flags = check.flags | NEGATIVE if total < 0 else check.flags & ~NEGATIVE
+        if total != (-check.hits if check.flags & NEGATIVE else check.hits):
+            merged[j] = replace(check, hits=abs(total), flags=flags)
+    return merged, slots
 
 
 def _tighter(over: bool, remaining: int, reset_ms: int, current: Status) -> bool:
