@@ -2,13 +2,19 @@
 
 Per-limit series are labelled by the limit's config path (reference stats key), so their number
 is bounded by the config; request values appear only where the config opts in with
-`detailed_metric` / `value_to_metric`. Label children are resolved once per limit and cached on
-the Limit object, keeping the hot path free of label lookups.
+`detailed_metric` / `value_to_metric`.
+
+The hot path does not touch prometheus_client objects: per-limit and per-domain counts are
+added to plain Python numbers (resolved once per limit and cached on the Limit) and pushed into
+the Counters by `flush()` — on every collection (scrape, `get_sample_value`) and once a second
+for the other workers in multiprocess mode. A counter lock and value lookup per increment cost
+more than the rest of a decision.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,10 +31,38 @@ from rls.config.model import Limit
 disable_created_metrics()  # halves the /metrics size; *_created series carry nothing useful here
 
 
+class Pending:
+    """Buffered increments for a fixed set of counter children."""
+
+    __slots__ = ("children", "values")
+
+    def __init__(self, children: tuple[Any, ...]) -> None:
+        self.children = children
+        self.values = [0.0] * len(children)
+
+
+class FlushingRegistry(CollectorRegistry):
+    """A registry that pushes buffered increments into its counters before every collection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.before_collect: Any = None
+
+    def collect(self) -> Any:
+        if self.before_collect is not None:
+            self.before_collect()
+        return super().collect()
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None, near_ratio: float = 0.8):
-        r = registry if registry is not None else CollectorRegistry()
+        r = registry if registry is not None else FlushingRegistry()
+        if isinstance(r, FlushingRegistry):
+            r.before_collect = self.flush
         self.registry = r
+        self._pending: list[Pending] = []
+        self._dynamic: dict[str, Pending] = {}
+        self._requests: dict[tuple[str, str], Pending] = {}
         self.near_ratio = near_ratio
         self.requests = Counter(
             "rls_requests", "ShouldRateLimit calls by domain and overall code", ["domain", "code"],
@@ -102,8 +136,33 @@ class Metrics:
         )
         self.build.labels(__version__).set(1)
 
+    def flush(self) -> None:
+        for pending in self._pending:
+            values = pending.values
+            for i, value in enumerate(values):
+                if value:
+                    pending.children[i].inc(value)
+                    values[i] = 0.0
+
+    def count_request(self, domain: str, code: str) -> None:
+        pending = self._requests.get((domain, code))
+        if pending is None:
+            if len(self._requests) > 10_000:  # domains come from the config; stay bounded
+                domain = "_other"
+                pending = self._requests.get((domain, code))
+            if pending is None:
+                pending = self._buffer((self.requests.labels(domain, code),))
+                self._requests[(domain, code)] = pending
+        pending.values[0] += 1
+
+    def _buffer(self, children: tuple[Any, ...]) -> Pending:
+        pending = Pending(children)
+        self._pending.append(pending)
+        return pending
+
     def exposition(self) -> bytes:
         """Prometheus text for /metrics: summed over all workers in multiprocess mode."""
+        self.flush()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             from prometheus_client import multiprocess
 
@@ -112,44 +171,52 @@ class Metrics:
             return generate_latest(registry)
         return generate_latest(self.registry)
 
-    def limit_stats(self, limit: Limit, key: str | None = None) -> tuple:
+    def limit_stats(self, limit: Limit, key: str | None = None) -> Pending:
         if key is None:
             cached = limit.stats
             if cached is not None and cached[0] is self:
                 return cached[1]
             key = limit.full_key
-        stats = (
-            self.total_hits.labels(key),
-            self.within.labels(key),
-            self.near.labels(key),
-            self.over.labels(key),
-            self.shadow.labels(key),
+        else:
+            found = self._dynamic.get(key)
+            if found is not None:
+                return found
+        pending = self._buffer(
+            (
+                self.total_hits.labels(key),
+                self.within.labels(key),
+                self.near.labels(key),
+                self.over.labels(key),
+                self.shadow.labels(key),
+            )
         )
         if key == limit.full_key:
-            limit.stats = (self, stats)  # per Metrics instance (tests build several)
-        return stats
+            limit.stats = (self, pending)  # per Metrics instance (tests build several)
+        else:
+            self._dynamic[key] = pending
+        return pending
 
     def record_limit(
         self, limit: Limit, key: str | None, hits: int, used: int, over: bool, shadow: bool
     ) -> None:
         """The reference's split of a (possibly weighted) hit into within / near / over."""
-        total, within, near, over_c, shadow_c = self.limit_stats(limit, key)
-        total.inc(hits)
+        values = self.limit_stats(limit, key).values  # total, within, near, over, shadow
+        values[0] += hits
         if hits <= 0:
             return
         cap = limit.requests_per_unit
         near_at = int(cap * self.near_ratio)
         after = used + hits
         if not over:
-            within.inc(hits)
+            values[1] += hits
             if after > near_at:
-                near.inc(min(hits, after - near_at))
+                values[2] += min(hits, after - near_at)
             return
         if used < cap < after:  # the hit crossed the limit: split it as the reference does
             excess = after - cap
-            near.inc(cap - max(near_at, used))
+            values[2] += cap - max(near_at, used)
         else:
             excess = hits
-        over_c.inc(excess)
+        values[3] += excess
         if shadow:
-            shadow_c.inc(excess)
+            values[4] += excess

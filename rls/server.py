@@ -66,6 +66,13 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+async def _flush_metrics(metrics: Metrics, interval: float = 1.0) -> None:
+    """Push buffered counts into the counters (other workers' /metrics read them from files)."""
+    while True:
+        await asyncio.sleep(interval)
+        metrics.flush()
+
+
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     app = build_app(settings)
     if not app.holder.reload():
@@ -105,6 +112,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     )
 
     follower = asyncio.get_running_loop().create_task(follow_shared(settings, app.metrics))
+    flusher = asyncio.get_running_loop().create_task(_flush_metrics(app.metrics))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -118,6 +126,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     await set_serving(health, False)
     await server.stop(grace=5.0)
     follower.cancel()
+    flusher.cancel()
+    app.metrics.flush()
     await app.holder.stop()
     await runner.cleanup()
     await app.backend.close()

@@ -42,7 +42,17 @@ TOP_LEVEL = frozenset(
     }
 )
 RULE_KEYS = frozenset(
-    {"api", "match", "methods", "key", "ttl", "max_entry_bytes", "statuses", "vary"}
+    {
+        "api",
+        "match",
+        "methods",
+        "key",
+        "ttl",
+        "max_entry_bytes",
+        "statuses",
+        "vary",
+        "unknown_length",
+    }
 )
 MATCH_KEYS = frozenset({"header", "attribute", "value"})
 KEY_KEYS = frozenset({"api", "path", "extra_key_header", "headers", "query", "body"})
@@ -83,6 +93,9 @@ class CacheRule:
     max_entry_bytes: int
     statuses: frozenset[int]
     vary: frozenset[str]
+    # A response without Content-Length (chunked) is buffered for storing only when true:
+    # Envoy answers 500 when such a body outgrows its stream buffer limit.
+    buffer_unknown_length: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +224,9 @@ def _rule(file: str, index: int, doc: Any, api_attribute: str) -> CacheRule:
         statuses.add(s)
 
     vary = frozenset(_header_list(file, f"{where}: 'vary'", doc.get("vary", [])))
+    unknown_length = doc.get("unknown_length", "skip")
+    if unknown_length not in ("skip", "buffer"):
+        raise fail("'unknown_length' must be skip (default) or buffer")
     return CacheRule(
         api=api,
         match=match,
@@ -220,6 +236,7 @@ def _rule(file: str, index: int, doc: Any, api_attribute: str) -> CacheRule:
         max_entry_bytes=max_entry,
         statuses=frozenset(statuses),
         vary=vary,
+        buffer_unknown_length=unknown_length == "buffer",
     )
 
 

@@ -24,7 +24,8 @@ BYPASS_REASONS = (
     "no_cache",
     "set_cookie",
     "vary",
-    "too_large",
+    "too_large",  # Content-Length or buffered body over max_entry_bytes
+    "unknown_length",  # no Content-Length and the rule does not buffer such bodies
     "partial_body",  # response_body with end_of_stream false
 )
 ERROR_OPS = ("version", "get", "set", "expire", "purge", "decode")

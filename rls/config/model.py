@@ -136,6 +136,9 @@ class Domain:
     files: list[str] = field(default_factory=list)
     failure_mode: str | None = None  # allow | deny when the backend fails; None = global
     usage: Any = None  # rls.engine.usage.UsageConfig when usage_stats is configured
+    # Match results by request entries, filled by the limiter; a reload builds new Domains,
+    # so the memo never outlives the config it was computed from.
+    memo: dict[Any, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)

@@ -100,7 +100,7 @@ class RateLimiter:
         dom = config.domains.get(domain)
         if dom is None:
             self.metrics.domain_not_found.inc(len(descriptors))
-            self.metrics.requests.labels("_unknown", "OK").inc()
+            self.metrics.count_request("_unknown", "OK")
             return Decision(OK, statuses)
 
         settings = self.settings
@@ -114,7 +114,7 @@ class RateLimiter:
             if not checks and usage:
                 await self._record_usage_alone(usage, dom.usage.ttl_ms, now_ms)
         if checks and self._known_over and self._answer_locally(checks, statuses):
-            self.metrics.requests.labels(domain, "OVER_LIMIT").inc()
+            self.metrics.count_request(domain, "OVER_LIMIT")
             overall = OVER_LIMIT
             if settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains:
                 overall = OK
@@ -127,7 +127,7 @@ class RateLimiter:
             if outcomes is None:
                 mode = dom.failure_mode or settings.failure_mode
                 overall = OK if mode == "allow" or settings.limiting_off else OVER_LIMIT
-                self.metrics.requests.labels(domain, _CODE[overall]).inc()
+                self.metrics.count_request(domain, _CODE[overall])
                 return Decision(overall, statuses)
             overall = self._report(checks, outcomes, statuses)
             if self._local_cache and overall == OVER_LIMIT:
@@ -138,7 +138,7 @@ class RateLimiter:
             if not settings.limiting_off:
                 self.metrics.global_shadow.inc()
             overall = OK
-        self.metrics.requests.labels(domain, _CODE[overall]).inc()
+        self.metrics.count_request(domain, _CODE[overall])
         return Decision(overall, statuses)
 
     def _checks(
@@ -156,29 +156,30 @@ class RateLimiter:
         """
         settings = self.settings
         default_hits = request_hits if request_hits > 0 else 1
-        matched: list[tuple[int, Limit, list[tuple[str, str]], str | None, int, bool]] = []
+        matched: list[tuple[int, Limit, str, str | None, int, bool]] = []
         replaced: set[str] = set()
+        memo = dom.memo
+        prefix = settings.key_prefix
         for i, desc in enumerate(descriptors):
             hits = default_hits if desc.hits is None else desc.hits
             if desc.override is not None:
                 limit = self._override_limit(domain, desc)
-                parts = list(desc.entries)
-                matched.append((i, limit, parts, None, hits, desc.negative))
+                key = counter_key(prefix, domain, desc.entries, limit.ident)
+                matched.append((i, limit, key, None, hits, desc.negative))
                 continue
-            path = match(dom, desc.entries)
-            if path is None:
-                continue
-            parts = [
-                (k, node.value if node.share_threshold else v)
-                for node, (k, v) in zip(path, desc.entries, strict=True)
-            ]
-            dyn = stats_key(domain, path, desc.entries) if needs_dynamic_stats(path) else None
-            for limit in path[-1].limits:
-                replaced.update(limit.replaces)
-                matched.append((i, limit, parts, dyn, hits, desc.negative))
+            targets = memo.get(desc.entries)
+            if targets is None:
+                targets = _targets(dom, domain, desc.entries, prefix)
+                if len(memo) >= MEMO_MAX:
+                    memo.clear()
+                memo[desc.entries] = targets
+            for limit, key, dyn in targets:
+                if limit.replaces:
+                    replaced.update(limit.replaces)
+                matched.append((i, limit, key, dyn, hits, desc.negative))
 
         checks: list[Check] = []
-        for i, limit, parts, dyn, hits, negative in matched:
+        for i, limit, key, dyn, hits, negative in matched:
             if limit.name and limit.name in replaced:
                 continue
             if limit.unlimited:
@@ -193,7 +194,6 @@ class RateLimiter:
                 flags |= CHARGE_ALWAYS
             if negative:
                 flags |= NEGATIVE
-            key = counter_key(settings.key_prefix, domain, parts, limit.ident)
             bounds = None
             if limit.calendar:
                 clock_ms = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -308,7 +308,7 @@ class RateLimiter:
         dom: Domain | None = None,
     ) -> list[Outcome] | None:
         ttl = dom.usage.ttl_ms if usage and dom is not None and dom.usage is not None else 0
-        if len(checks) > 1:
+        if len(checks) > 1 and len({c.key for c in checks}) < len(checks):
             merged, slots = _merge_same_counter(checks)
             if slots is not None:
                 outcomes = await self._call_backend(merged, now_ms, usage, ttl)
@@ -443,6 +443,24 @@ class RateLimiter:
         return limit
 
 
+def _targets(
+    dom: Domain, domain: str, entries: tuple[tuple[str, str], ...], prefix: str
+) -> tuple[tuple[Limit, str, str | None], ...]:
+    """(limit, counter key, dynamic stats key) for every limit a descriptor matches."""
+    path = match(dom, entries)
+    if path is None:
+        return ()
+    parts = [
+        (k, node.value if node.share_threshold else v)
+        for node, (k, v) in zip(path, entries, strict=True)
+    ]
+    dyn = stats_key(domain, path, entries) if needs_dynamic_stats(path) else None
+    return tuple(
+        (limit, counter_key(prefix, domain, parts, limit.ident), dyn)
+        for limit in path[-1].limits
+    )
+
+
 def _merge_same_counter(checks: list[Check]) -> tuple[list[Check], list[int] | None]:
     """Fold checks on the same counter (two descriptors of one request mapping to one key)
     into one check, so the counter is charged for both, as with the reference's two INCRBYs.
@@ -486,6 +504,7 @@ def _tighter(over: bool, remaining: int, reset_ms: int, current: Status) -> bool
 
 _UNITS = frozenset(int(u) for u in Unit)
 LOCAL_CACHE_MAX = 100_000
+MEMO_MAX = 10_000  # match results kept per domain; cleared whole when full
 _NOT_CACHEABLE = SHADOW | QUOTA | NEGATIVE | CHARGE_ALWAYS
 # Algorithms whose room comes back early through releases from any replica.
 _RELEASABLE = frozenset({"concurrency"})

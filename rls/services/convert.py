@@ -12,6 +12,7 @@ from rls.engine.limiter import OK, Decision, DescriptorIn, InvalidRequest
 from rls.settings import Settings
 
 MAX_HITS = 1_000_000_000_000
+_NEGATIVE_ON_WIRE = b"\x20\x01"
 IS_NEGATIVE_HITS = 4  # RateLimitDescriptor.is_negative_hits, absent from xds-protos 1.85
 UNIT_MULTIPLIER = 3  # RateLimitDescriptor.RateLimitOverride.unit_multiplier, likewise
 
@@ -24,9 +25,14 @@ def _unknown_varint(message: object, number: int) -> int | None:
 
 
 def to_descriptors(
-    request: rls_pb2.RateLimitRequest, settings: Settings
+    request: rls_pb2.RateLimitRequest, settings: Settings, raw: bytes | None = None
 ) -> list[DescriptorIn]:
-    """Validate and convert; raises InvalidRequest with a message naming the problem."""
+    """Validate and convert; raises InvalidRequest with a message naming the problem.
+
+    `raw` (the request's wire bytes) lets the unknown-field parse for is_negative_hits be
+    skipped when its encoding (tag 0x20, value 0x01) appears nowhere in the message.
+    """
+    maybe_negative = raw is None or _NEGATIVE_ON_WIRE in raw
     if not request.domain:
         raise InvalidRequest("rate limit domain must not be empty")
     descriptors = request.descriptors
@@ -67,7 +73,7 @@ def to_descriptors(
             override = (lim.requests_per_unit, int(lim.unit), multiplier)
             if lim.unit == 0:
                 raise InvalidRequest(f"descriptor {i}: limit override has no unit")
-        negative = bool(_unknown_varint(desc, IS_NEGATIVE_HITS))
+        negative = maybe_negative and bool(_unknown_varint(desc, IS_NEGATIVE_HITS))
         out.append(DescriptorIn(tuple(pairs), hits, negative, override))
     if request.hits_addend > MAX_HITS:
         raise InvalidRequest(f"hits_addend {request.hits_addend} is too large")

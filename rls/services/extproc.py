@@ -6,19 +6,28 @@ Every message gets exactly one reply, in order (envoy.md §5). The flow:
 
 - request_headers: no rule → empty reply (proceed), nothing else on this stream. The key needs
   the body and there is one → reply with `mode_override` {request body BUFFERED, response
-  headers SEND, response body BUFFERED} (response modes can only be changed in replies to
-  header messages, so they are asked for now), then look up on request_body. Otherwise look up
-  now: hit → ImmediateResponse; miss → reply with `mode_override` {response SEND, BUFFERED}.
-- response_headers: add `x-cache: MISS`; a response that must not be stored (status,
-  Cache-Control no-store/private/no-cache, Set-Cookie, Vary, Content-Length over the limit)
-  switches the response body back to NONE, so Envoy does not buffer it (a body over Envoy's
-  buffer limit would otherwise turn into a 500 for the client).
+  headers SEND} and look up on request_body. Otherwise look up now. Hit → ImmediateResponse;
+  miss → `mode_override` {response headers SEND} (body still NONE).
+- response_headers: add `x-cache: MISS`. If the headers allow storing (status, Cache-Control,
+  Set-Cookie, Vary) and the Content-Length is within max_entry_bytes, opt into the body with
+  `mode_override` {response body BUFFERED}; otherwise leave it NONE.
 - response_body (end_of_stream true, within max_entry_bytes): reply first, then store in the
   background; the reply never waits for the store.
 
+Why the body is asked for only at response_headers, measured on Envoy 1.40: with BUFFERED
+asked at request time, Envoy buffers the response body while it waits for the
+response_headers reply, and a body over the stream's buffer limit becomes a 500
+(`response_payload_too_large`) for the client, whatever the reply says. The limit is small for
+requests with a body: the buffer filter sets the stream limit to its max_request_bytes (64 KiB
+in the gateway), so every POST response over 64 KiB failed. With body NONE, Envoy holds the
+body under flow control instead, and BUFFERED is requested only for a body known to fit
+(max_entry_bytes must not exceed the route's buffer limit). A body without Content-Length
+(chunked) is not cached unless the rule says `unknown_length: buffer`; BUFFERED_PARTIAL,
+which would suit it, hung on bodies over the limit.
+
 Envoy honours each `mode_override` only if `allow_mode_override` is on and
-`allowed_override_modes` lists it in full, trailer modes included (see gateway-cache.yaml).
-When the stream ends with a cancel instead of a clean end, that is normal for ext_proc.
+`allowed_override_modes` lists the resulting mode in full, trailer modes included (see
+gateway-cache.yaml). When the stream ends with a cancel instead of a clean end, that is normal.
 """
 
 from __future__ import annotations
@@ -47,11 +56,13 @@ ATTRIBUTES = "envoy.filters.http.ext_proc"
 DETAILS = "served_from_cache"
 
 _PM = processing_mode_pb2.ProcessingMode
-RESPONSE = _PM(response_header_mode=_PM.SEND, response_body_mode=_PM.BUFFERED)
-REQUEST_BODY_AND_RESPONSE = _PM(
-    request_body_mode=_PM.BUFFERED, response_header_mode=_PM.SEND, response_body_mode=_PM.BUFFERED
+# Asked for at request time: response headers only. The body is opted into from the reply to
+# response_headers, once the headers show the response is storable and small enough.
+RESPONSE_HEADERS = _PM(response_header_mode=_PM.SEND, response_body_mode=_PM.NONE)
+REQUEST_BODY_AND_RESPONSE_HEADERS = _PM(
+    request_body_mode=_PM.BUFFERED, response_header_mode=_PM.SEND, response_body_mode=_PM.NONE
 )
-NO_RESPONSE_BODY = _PM(response_header_mode=_PM.SEND, response_body_mode=_PM.NONE)
+RESPONSE_BODY = _PM(response_header_mode=_PM.SEND, response_body_mode=_PM.BUFFERED)
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _APPEND = base_pb2.HeaderValueOption.APPEND_IF_EXISTS_OR_ADD
 WAIT_HEADROOM = 0.1  # asked of Envoy on top of the coalescing wait, for the lookup after it
@@ -66,7 +77,6 @@ class _Stream:
     method: str = ""
     headers: Headers | None = None
     skip_read: bool = False
-    response_requested: bool = False
     rk: RequestKey | None = None
     fill: Fill | None = None
     status: int = 0
@@ -135,11 +145,7 @@ class ExtProcService:
             return self._response_headers(st, request.response_headers)
         if kind == "response_body" and st.phase == "response_body":
             return self._response_body(st, request.response_body)
-        reply = _empty(kind)
-        if kind == "response_headers" and st.response_requested and st.phase == "done":
-            reply.mode_override.CopyFrom(NO_RESPONSE_BODY)  # asked for it, no longer need it
-            st.response_requested = False
-        return reply, None
+        return _empty(kind), None
 
     # ------------------------------------------------------------------ request side
 
@@ -158,9 +164,8 @@ class ExtProcService:
         st.skip_read = "no-cache" in directives
         if rule.key.body and not msg.end_of_stream:
             st.phase = "body"
-            st.response_requested = True
             reply = _empty("request_headers")
-            reply.mode_override.CopyFrom(REQUEST_BODY_AND_RESPONSE)
+            reply.mode_override.CopyFrom(REQUEST_BODY_AND_RESPONSE_HEADERS)
             return reply, None
         return await self._lookup(st, b"", "request_headers", ask)
 
@@ -188,8 +193,7 @@ class ExtProcService:
         st.rk, st.fill, st.phase = rk, result.fill, "fill"
         reply = _empty(kind)
         if kind == "request_headers":
-            reply.mode_override.CopyFrom(RESPONSE)
-            st.response_requested = True
+            reply.mode_override.CopyFrom(RESPONSE_HEADERS)
         return reply, None
 
     def _hit(self, entry: Entry) -> pb.ProcessingResponse:
@@ -221,15 +225,19 @@ class ExtProcService:
         if reason is not None:
             self.metrics.bypasses.labels(reason).inc()
             self._release(st)
-            if not msg.end_of_stream:
-                reply.mode_override.CopyFrom(NO_RESPONSE_BODY)
             return reply, None
         st.status = status
         st.stored_headers = storable_headers(headers)
         st.vary = frozenset(vary_names(headers) or ())
         if msg.end_of_stream:  # no body will follow (e.g. 204): store what we have
             return reply, self._save(st, b"")
+        if not headers.has("content-length") and not st.rule.buffer_unknown_length:
+            self.metrics.bypasses.labels("unknown_length").inc()
+            self._release(st)
+            return reply, None
+        # Known length within max_entry_bytes (checked above), or the rule accepts the risk.
         st.phase = "response_body"
+        reply.mode_override.CopyFrom(RESPONSE_BODY)
         return reply, None
 
     def _response_body(self, st: _Stream, msg: pb.HttpBody) -> Reply:

@@ -57,9 +57,11 @@ class RateLimitService:
 
     to_response = staticmethod(to_response)
 
-    async def decide(self, request: rls_pb2.RateLimitRequest) -> rls_pb2.RateLimitResponse:
+    async def decide(
+        self, request: rls_pb2.RateLimitRequest, raw: bytes | None = None
+    ) -> rls_pb2.RateLimitResponse:
         """Validate and decide one parsed request (shared by gRPC and the admin /json)."""
-        descriptors = to_descriptors(request, self.settings)
+        descriptors = to_descriptors(request, self.settings, raw)
         decision = await self.limiter.should_rate_limit(
             request.domain, descriptors, request.hits_addend
         )
@@ -74,7 +76,7 @@ class RateLimitService:
         except DecodeError as exc:
             await self._reject(context, f"malformed RateLimitRequest: {exc}")
         try:
-            response = await self.decide(request)
+            response = await self.decide(request, data)
         except InvalidRequest as exc:
             await self._reject(context, str(exc))
         except RuntimeError as exc:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -134,12 +135,59 @@ class Seen:
     body: bytes
 
 
+class Gate:
+    """Holds the backend's answer to requests under a path prefix until the test releases them.
+
+    Each held request waits on its own full path (query included), so a test names exactly
+    which in-flight request to finish. A request still held after HOLD_TIMEOUT is answered
+    anyway, so a failing test never leaves a server thread stuck.
+    """
+
+    HOLD_TIMEOUT = 20.0
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._events: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._open = False
+
+    def _event(self, path: str) -> threading.Event:
+        with self._lock:
+            event = self._events.get(path)
+            if event is None:
+                event = self._events[path] = threading.Event()
+                if self._open:
+                    event.set()
+            return event
+
+    def wait(self, path: str) -> None:
+        self._event(path).wait(self.HOLD_TIMEOUT)
+
+    def release(self, path: str) -> None:
+        """Let the (current or future) request for exactly `path` be answered."""
+        self._event(path).set()
+
+    def open(self) -> None:
+        """Release every held request and stop holding new ones."""
+        with self._lock:
+            self._open = True
+            events = list(self._events.values())
+        for event in events:
+            event.set()
+
+
 class Backend:
-    """A plain HTTP/1.1 upstream on a free port that records what reached it."""
+    """A plain HTTP/1.1 upstream on a free port that records what reached it.
+
+    The answer is a small JSON document, or exactly N bytes when the query has `size=N`.
+    Requests under a prefix given to `hold()` are recorded at once but answered only when the
+    test releases them (in-flight requests for concurrency tests).
+    """
 
     def __init__(self) -> None:
         self.requests: list[Seen] = []
         self._lock = threading.Lock()
+        self._gates: list[Gate] = []
         backend = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -159,15 +207,28 @@ class Backend:
                 )
                 with backend._lock:
                     backend.requests.append(seen)
-                payload = json.dumps(
-                    {"path": self.path, "client": seen.headers.get("x-client-id"),
-                     "bytes": len(body)}
-                ).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                    gates = [g for g in backend._gates if self.path.startswith(g.prefix)]
+                for gate in gates:
+                    gate.wait(self.path)
+                size = parse_qs(urlsplit(self.path).query).get("size")
+                if size:
+                    payload = b"x" * int(size[0])
+                else:
+                    payload = json.dumps(
+                        {"path": self.path, "client": seen.headers.get("x-client-id"),
+                         "bytes": len(body)}
+                    ).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header(
+                        "content-type", "application/octet-stream" if size else "application/json"
+                    )
+                    self.send_header("content-length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    # The client (Envoy) went away while the request was held: nothing to do.
+                    self.close_connection = True
 
             do_GET = do_POST = do_PUT = do_DELETE = _serve
 
@@ -177,13 +238,19 @@ class Backend:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def start(self) -> Backend:
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        with self._lock:
+            gates = list(self._gates)
+        for gate in gates:
+            gate.open()
         self.server.shutdown()
         self.server.server_close()
         self._thread.join(5)
@@ -192,11 +259,21 @@ class Backend:
         with self._lock:
             return list(self.requests)
 
+    def hold(self, prefix: str) -> Gate:
+        gate = Gate(prefix)
+        with self._lock:
+            self._gates.append(gate)
+        return gate
+
 
 # --------------------------------------------------------------------------- Envoy
 
 
-def load_gateway(path: Path = GATEWAY_YAML) -> dict[str, Any]:
+def load_gateway(path: Path | str = GATEWAY_YAML) -> dict[str, Any]:
+    """Parse an Envoy config; a bare file name is looked up in envoy/."""
+    path = Path(path)
+    if not path.is_absolute() and not path.exists():
+        path = ENVOY_DIR / path
     with open(path) as f:
         return yaml.safe_load(f)
 
@@ -322,8 +399,11 @@ def api_keys(config: dict[str, Any]) -> dict[str, str]:
 class Gateway:
     envoy: Envoy
     rls: Any  # tests/conftest.py RlsProcess
-    backend: Backend
+    backend: Backend  # the first of `backends`
     api_keys: dict[str, str]
+    # Every backend endpoint, in the order of the config's ports 9001, 9002, ...
+    backends: list[Backend] = field(default_factory=list)
+    domain: str = "gateway"
 
     def call(
         self,
@@ -349,6 +429,29 @@ class Gateway:
                 if sample.name == name and labels.items() <= sample.labels.items():
                     total += sample.value
         return total
+
+    def rls_counters(self, *entries: tuple[str, str]) -> list[dict[str, Any]]:
+        """rls's view of one descriptor without charging it (admin `POST /counters`).
+
+        One dict per matched limit: used, remaining, over_limit, requests_per_unit, ...
+        """
+        body = json.dumps({
+            "domain": self.domain,
+            "descriptors": [{"entries": [{"key": k, "value": v} for k, v in entries]}],
+        }).encode()
+        req = urllib.request.Request(
+            self.rls.http_url + "/counters", data=body, method="POST",
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=2.0) as resp:
+            (result,) = json.load(resp)["results"]
+        return result["limits"]
+
+    def rls_used(self, *entries: tuple[str, str]) -> int:
+        """`used` of the single limit matching this descriptor."""
+        limits = self.rls_counters(*entries)
+        assert len(limits) == 1, limits
+        return int(limits[0]["used"])
 
     def logs(self) -> str:
         return f"--- envoy ---\n{self.envoy.log()}\n--- rls ---\n{self.rls.log()}"
