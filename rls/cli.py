@@ -34,6 +34,7 @@ FLAGS = {
     "near_limit_ratio": "fraction of a limit counted as near_limit",
     "key_prefix": "prefix of every counter key",
     "local_cache": "answer keys known over limit without Redis until their reset (on/off)",
+    "auto_pipeline": "concurrent Redis calls of a worker share one round trip (on/off)",
     "reload_interval": "seconds between config change checks (0 = no reload)",
     "max_descriptors": "most descriptors per request",
     "max_entries": "most entries per descriptor",

@@ -51,7 +51,10 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
             on_change=lambda state: gauge.set(_CIRCUIT_VALUE[state]),
         )
         backend = create_backend(
-            settings.redis_url, timeout_ms=max(settings.backend_timeout_ms, 1), breaker=breaker
+            settings.redis_url,
+            timeout_ms=max(settings.backend_timeout_ms, 1),
+            breaker=breaker,
+            auto_pipeline=settings.auto_pipeline,
         )
     elif backend is None:
         backend = create_backend(None)

@@ -36,6 +36,7 @@ class Settings:
     fallback_share: float = 0.0
     # Answer keys known to be over limit locally until their reset (Redis only; 0 round trips).
     local_cache: bool = True
+    auto_pipeline: bool = True  # concurrent Redis calls of a worker share one round trip
     breaker_threshold: int = 3  # consecutive backend failures that open the circuit
     breaker_cooldown_ms: int = 1000  # open circuit: time before one probe call
     log_format: str = "text"

@@ -29,6 +29,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from rls.backends.base import BackendError
 from rls.backends.breaker import CircuitBreaker
+from rls.backends.pipelining import ScriptBatcher
 from rls.backends.scripts import decide_script
 from rls.engine.admission import admit
 from rls.engine.algorithms import ALGORITHM_IDS
@@ -88,7 +89,13 @@ def connect(url: str, timeout_s: float, connect_timeout_s: float, pool_size: int
     }
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     if scheme in ("redis", "rediss", "unix"):
-        return aioredis.from_url(url, max_connections=pool_size, **common)
+        # A blocking pool waits (up to the call's deadline) for a free connection; the default
+        # pool raises "Too many connections" at once when more calls are in flight than
+        # connections.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=pool_size, timeout=max(1.0, timeout_s), **common
+        )
+        return aioredis.Redis(connection_pool=pool)
     if scheme in ("redis+sentinel", "rediss+sentinel"):
         path = [p for p in parts.path.split("/") if p]
         if not path:
@@ -128,12 +135,21 @@ class RedisBackend:
         connect_timeout_ms: int = 200,
         pool_size: int = 64,
         breaker: CircuitBreaker | None = None,
+        auto_pipeline: bool = True,
     ) -> None:
         self.url = url
         self.client: Any = connect(url, timeout_ms / 1000, connect_timeout_ms / 1000, pool_size)
         self.cluster = isinstance(self.client, RedisCluster)
         self._script = self.client.register_script(decide_script())
+        self._call = (
+            ScriptBatcher(self.client, self._script)
+            if auto_pipeline and not self.cluster
+            else self._direct
+        )
         self.breaker = breaker or CircuitBreaker("redis")
+
+    async def _direct(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self._script(keys=keys, args=args)
 
     async def start(self) -> None:
         try:
@@ -144,6 +160,9 @@ class RedisBackend:
 
     async def close(self) -> None:
         await self.client.aclose()
+        pool = getattr(self.client, "connection_pool", None)
+        if pool is not None:
+            await pool.disconnect()
 
     async def healthy(self) -> bool:
         try:
@@ -255,7 +274,7 @@ class RedisBackend:
 
     async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
         keys, args = self._script_args(checks, now_ms, mode)
-        return _verdict(await self._script(keys=keys, args=args))
+        return _verdict(await self._call(keys, args))
 
     async def _decide_cluster(self, checks: Sequence[Check], now_ms: int | None) -> Verdict:
         groups: dict[int, list[int]] = {}

@@ -180,7 +180,7 @@ class ResponseCache:
         if on_wait is not None:
             await on_wait(wait)
         try:
-            await asyncio.wait_for(asyncio.shield(fill.done.wait()), wait)
+            await asyncio.wait_for(fill.done.wait(), wait)
         except TimeoutError:
             self.metrics.coalesced.labels("timeout").inc()
             return None

@@ -167,7 +167,8 @@ class RedisCacheStore(GuardedStore):
 
     async def _set(self, key: str, value: bytes, ttl: int) -> None:
         if self.ssdb:
-            await self.client.setex(key, max(1, ttl), value)
+            # execute_command: redis-py deprecates its setex() helper, and SSDB needs SETEX.
+            await self.client.execute_command("SETEX", key, max(1, ttl), value)
         else:
             await self.client.set(key, value, px=ttl * 1000)
 
@@ -179,7 +180,7 @@ class RedisCacheStore(GuardedStore):
 
     async def _set_version(self, key: str, value: bytes) -> None:
         if self.ssdb:
-            await self.client.setex(key, VERSION_TTL, value)
+            await self.client.execute_command("SETEX", key, VERSION_TTL, value)
         else:
             await self.client.set(key, value)
 

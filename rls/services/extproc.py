@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,7 @@ class _Stream:
 
 
 Reply = tuple[pb.ProcessingResponse, Coroutine[Any, Any, None] | None]
+AskForTime = Callable[[float], Awaitable[None]]
 
 
 class ExtProcService:
@@ -135,7 +136,9 @@ class ExtProcService:
             if st.fill is not None:
                 st.fill.release()
 
-    async def _handle(self, st: _Stream, request: pb.ProcessingRequest, ask: Any) -> Reply:
+    async def _handle(
+        self, st: _Stream, request: pb.ProcessingRequest, ask: AskForTime
+    ) -> Reply:
         kind = request.WhichOneof("request")
         if kind == "request_headers" and st.phase == "idle":
             return await self._request_headers(st, request, ask)
@@ -149,7 +152,9 @@ class ExtProcService:
 
     # ------------------------------------------------------------------ request side
 
-    async def _request_headers(self, st: _Stream, request: pb.ProcessingRequest, ask: Any) -> Reply:
+    async def _request_headers(
+        self, st: _Stream, request: pb.ProcessingRequest, ask: AskForTime
+    ) -> Reply:
         msg = request.request_headers
         headers = Headers.from_proto(msg.headers)
         method = headers.text(":method")
@@ -169,13 +174,13 @@ class ExtProcService:
             return reply, None
         return await self._lookup(st, b"", "request_headers", ask)
 
-    async def _request_body(self, st: _Stream, msg: pb.HttpBody, ask: Any) -> Reply:
+    async def _request_body(self, st: _Stream, msg: pb.HttpBody, ask: AskForTime) -> Reply:
         if not msg.end_of_stream:
             st.phase = "done"
             return self._bypass("partial_request_body", "request_body")
         return await self._lookup(st, msg.body, "request_body", ask)
 
-    async def _lookup(self, st: _Stream, body: bytes, kind: str, ask: Any) -> Reply:
+    async def _lookup(self, st: _Stream, body: bytes, kind: str, ask: AskForTime) -> Reply:
         assert st.rule is not None and st.headers is not None
         rule = st.rule
         rk = self.cache.request_key(rule, st.method, st.headers, body)

@@ -1,0 +1,83 @@
+"""Auto-pipelining: concurrent EVALSHA calls of one worker share one pipelined round trip.
+
+A call queues itself and the flush runs on the next event-loop turn, so every decision that
+became ready in the same turn goes out in one write and comes back in one read. A lone call
+takes the direct path (no pipeline object). NOSCRIPT answers (Redis restarted or flushed) load
+the script once and resend only those calls. A caller whose deadline passed simply finds its
+future cancelled; the batch is unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+
+class ScriptBatcher:
+    def __init__(self, client: Any, script: Any, max_batch: int = 256) -> None:
+        self._client = client
+        self._script = script  # redis-py Script: .sha, .script, __call__
+        self._max_batch = max_batch
+        self._pending: list[tuple[Sequence[str], Sequence[Any], asyncio.Future[Any]]] = []
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((keys, args, future))
+        if len(self._pending) >= self._max_batch:
+            self._flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        batch, self._pending = self._pending, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[tuple[Sequence[str], Sequence[Any], asyncio.Future[Any]]]):
+        if len(batch) == 1:
+            keys, args, future = batch[0]
+            try:
+                result: Any = await self._script(keys=keys, args=args)
+            except Exception as exc:
+                result = exc
+            _settle(future, result)
+            return
+        try:
+            results = await self._pipeline(batch)
+            retry = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if retry:
+                await self._client.script_load(self._script.script)
+                again = await self._pipeline([batch[i] for i in retry])
+                for i, result in zip(retry, again, strict=True):
+                    results[i] = result
+        except Exception as exc:
+            results = [exc] * len(batch)
+        for (_, _, future), result in zip(batch, results, strict=True):
+            _settle(future, result)
+
+    async def _pipeline(self, batch: Sequence[tuple[Sequence[str], Sequence[Any], Any]]) -> list:
+        pipe = self._client.pipeline(transaction=False)
+        sha = self._script.sha
+        for keys, args, _ in batch:
+            pipe.evalsha(sha, len(keys), *keys, *args)
+        return list(await pipe.execute(raise_on_error=False))
+
+
+def _settle(future: asyncio.Future[Any], result: Any) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
