@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
 
+from rls.cache import check_cache_file, is_cache_file
 from rls.config.errors import ConfigError
-from rls.config.loader import discover, load_files, read_text
+from rls.config.loader import discover, load_files, read_text, yaml_files_under
 from rls.logging_setup import setup_logging
 from rls.settings import Settings, env_value, parse_bool
 
@@ -18,7 +20,8 @@ FLAGS = {
     "grpc_addr": "gRPC listen address (RateLimitService, health)",
     "http_addr": "admin HTTP listen address",
     "redis_url": "redis://, rediss:// or unix:// URL; none = embedded in-memory backend",
-    "cache_config": "response cache rules (ext_proc)",
+    "cache_config": "response cache rules: serves Envoy ext_proc on the gRPC port",
+    "cache_store": "cache store URL (redis://, rediss://, ssdb://host:port); default: rules file",
     "workers": "worker processes sharing the gRPC port",
     "failure_mode": "answer when the backend fails: allow (OK) or deny (OVER_LIMIT)",
     "backend_timeout_ms": "deadline for one backend call",
@@ -112,7 +115,21 @@ def _parser() -> argparse.ArgumentParser:
     switches.add_argument("--shadow-mode", choices=["on", "off"])
     switches.add_argument("--limiting-off", choices=["on", "off"])
     switches.add_argument("--shadow-domains", help="comma-separated domains ('' for none)")
+    cache = sub.add_parser("cache", help="response cache administration")
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True)
+    purge = cache_sub.add_parser("purge", help="drop every entry of one API (O(1))")
+    purge.add_argument("--api", required=True)
+    purge.add_argument("--admin", "--admin-url", dest="admin", default=admin_default)
+    demo = sub.add_parser("demo", help="start Envoy + rls + a tiny backend locally")
+    demo.add_argument("args", nargs=argparse.REMAINDER)
     return parser
+
+
+def cache_files_in(paths: Sequence[str]) -> list[str]:
+    """Cache rule files inside the given directories (discover() leaves them out)."""
+    return [
+        f for p in paths if os.path.isdir(p) for f in yaml_files_under(p) if is_cache_file(f)
+    ]
 
 
 def check_config(paths: Sequence[str], merge_domains: bool) -> int:
@@ -120,12 +137,15 @@ def check_config(paths: Sequence[str], merge_domains: bool) -> int:
     errors = 0
     files: list[tuple[str, str]] = []
     try:
-        names = discover(paths)
+        names = discover(paths) + cache_files_in(paths)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
     for name in names:
         try:
+            if is_cache_file(name):
+                check_cache_file(name)
+                continue
             text = read_text(name)
             load_files([(name, text)], merge_domains=True)
             files.append((name, text))
@@ -138,7 +158,11 @@ def check_config(paths: Sequence[str], merge_domains: bool) -> int:
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 1
-        print(f"OK: {len(files)} file(s), {len(config.domains)} domain(s)")
+        cache_count = len(names) - len(files)
+        print(
+            f"OK: {len(files)} descriptor file(s), {len(config.domains)} domain(s), "
+            f"{cache_count} cache rules file(s)"
+        )
     return 1 if errors else 0
 
 
@@ -186,6 +210,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check_config(args.paths, args.merge_domains)
     if args.command in ("counters", "usage", "switches"):
         return _admin_command(args)
+    if args.command == "cache":
+        from rls.cache.cli import purge
+
+        return purge(args.admin, args.api, os.environ.get("RLS_ADMIN_TOKEN"))
+    if args.command == "demo":
+        from rls.demo import main as demo_main
+
+        return demo_main(args.args)
     try:
         settings = _settings_from(args)
     except ValueError as exc:

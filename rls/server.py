@@ -12,10 +12,13 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2_grpc
 
 from rls.admin.app import AdminState, create_app
+from rls.admin.cache import add_cache_routes
 from rls.admin.switches import follow_shared
 from rls.backends import create_backend
 from rls.backends.base import Backend, BackendError
 from rls.backends.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from rls.cache import build_cache
+from rls.config.errors import ConfigError
 from rls.config.reload import ConfigHolder
 from rls.engine.limiter import RateLimiter
 from rls.metrics import Metrics
@@ -86,32 +89,59 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     except BackendError as exc:
         log.warning("%s (failure mode %s applies until it answers)", exc, settings.failure_mode)
 
+    handlers = [app.service.handler()]
+    cache = None
+    max_message = settings.max_request_bytes
+    if settings.cache_config:
+        try:
+            extproc, cache = build_cache(
+                settings.cache_config, settings.cache_store or None, app.metrics.registry
+            )
+        except ConfigError as exc:
+            raise SystemExit(f"rls: {exc}") from None
+        handlers.append(extproc.handler())
+        # Buffered bodies arrive in one message; RateLimitService checks its own size limit.
+        max_message = max(max_message, 16 << 20)
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", settings.max_request_bytes),
-            ("grpc.so_reuseport", 1),
+            ("grpc.max_receive_message_length", max_message),
+            # Shared ports only for --workers: otherwise a second rls on the same port must fail.
+            ("grpc.so_reuseport", 1 if shared_dir() is not None else 0),
         ]
     )
-    server.add_generic_rpc_handlers((app.service.handler(),))
+    server.add_generic_rpc_handlers(tuple(handlers))
     health = create_health()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    port = server.add_insecure_port(settings.grpc_addr)
+    try:
+        port = server.add_insecure_port(settings.grpc_addr)
+    except RuntimeError as exc:  # grpc raises when the address is taken
+        port = 0
+        log.error("cannot listen on %s (gRPC): %s", settings.grpc_addr, exc)
     if port == 0:
-        raise SystemExit(f"cannot listen on {settings.grpc_addr}")
+        return 1
     await server.start()
     await set_serving(health, True)
 
     state = AdminState(app.service, app.metrics, app.holder.current)
-    runner = web.AppRunner(create_app(state), access_log=None)
+    admin_app = create_app(state)
+    if cache is not None:
+        add_cache_routes(admin_app, cache)
+    runner = web.AppRunner(admin_app, access_log=None)
     await runner.setup()
     host, http_port = split_addr(settings.http_addr)
     site = web.TCPSite(runner, host, http_port, reuse_port=shared_dir() is not None)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        log.error("cannot listen on %s (admin): %s", settings.http_addr, exc)
+        await server.stop(grace=None)
+        return 1
     log.info(
-        "rls serving gRPC on %s, admin on %s, backend %s",
+        "rls serving gRPC on %s, admin on %s, backend %s%s",
         settings.grpc_addr,
         settings.http_addr,
         app.backend.name,
+        ", response cache on" if cache is not None else "",
     )
 
     follower = asyncio.get_running_loop().create_task(follow_shared(settings, app.metrics))
@@ -128,6 +158,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     state.draining = True
     await set_serving(health, False)
     await server.stop(grace=5.0)
+    if cache is not None:
+        await cache.close()  # lets pending stores finish (bounded), closes the store
     follower.cancel()
     flusher.cancel()
     app.metrics.flush()

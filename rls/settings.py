@@ -28,6 +28,7 @@ class Settings:
     http_addr: str = "127.0.0.1:8080"
     redis_url: str = ""
     cache_config: str = ""
+    cache_store: str = ""  # redis://, ssdb://…; default: the rules file's `store:`
     workers: int = 1
     failure_mode: str = "allow"  # allow | deny when the backend cannot answer in time
     backend_timeout_ms: int = 15

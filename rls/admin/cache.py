@@ -6,16 +6,13 @@ variable is set (read per request, so a rotated token needs no restart); stats a
 
 from __future__ import annotations
 
-import hmac
-import os
-
 from aiohttp import web
 
+from rls.admin.auth import requires_token
 from rls.cache.cache import ResponseCache
 from rls.cache.store import StoreError
 
 CACHE_KEY = web.AppKey("rls_cache", ResponseCache)
-TOKEN_ENV = "RLS_ADMIN_TOKEN"
 
 
 def add_cache_routes(app: web.Application, cache: ResponseCache) -> None:
@@ -24,21 +21,8 @@ def add_cache_routes(app: web.Application, cache: ResponseCache) -> None:
     app.router.add_get("/cache/stats", stats)
 
 
-def authorized(request: web.Request) -> bool:
-    token = os.environ.get(TOKEN_ENV)
-    if not token:
-        return True
-    given = request.headers.get("Authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-
-
+@requires_token
 async def purge(request: web.Request) -> web.Response:
-    if not authorized(request):
-        return web.json_response(
-            {"error": "missing or wrong bearer token"},
-            status=401,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
     cache = request.app[CACHE_KEY]
     api = request.query.get("api", "")
     if not api:

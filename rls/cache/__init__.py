@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from rls.cache.cache import ResponseCache
-from rls.cache.config import CacheConfig, check_cache_file, load_cache_config
+from rls.cache.config import CacheConfig, check_cache_file, is_cache_file, load_cache_config
 from rls.cache.metrics import CacheMetrics
 from rls.cache.store import create_store
 
@@ -25,6 +25,7 @@ __all__ = [
     "ResponseCache",
     "build_cache",
     "check_cache_file",
+    "is_cache_file",
     "load_cache_config",
 ]
 

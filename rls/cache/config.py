@@ -130,6 +130,23 @@ def check_cache_file(path: str) -> None:
     load_cache_config(path)
 
 
+def is_cache_file(path: str) -> bool:
+    """Whether `path` looks like a cache rules file rather than a descriptor file.
+
+    For `rls check-config`, which takes both kinds: a cache file is a mapping with `rules` (and
+    no `domain`) or a list whose first item is a mapping with `api`. Unreadable or invalid
+    YAML is not a cache file (the descriptor loader then reports it).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    if isinstance(doc, dict):
+        return "rules" in doc and "domain" not in doc
+    return isinstance(doc, list) and bool(doc) and isinstance(doc[0], dict) and "api" in doc[0]
+
+
 def parse_cache_config(file: str, text: str) -> CacheConfig:
     try:
         doc = yaml.safe_load(text)

@@ -22,21 +22,34 @@ from rls.config.parser import (
 CONFIG_SUFFIXES = (".yaml", ".yml")
 
 
-def discover(paths: Iterable[str]) -> list[str]:
-    """Files behind `paths`: files as given, directories walked (sorted, hidden entries skipped).
+def yaml_files_under(directory: str) -> list[str]:
+    """`*.yaml` / `*.yml` below a directory, sorted, hidden entries skipped.
 
     Hidden entries are skipped so that Kubernetes ConfigMap mounts (`..data`, `..2024_…`) are
     read once, through the visible symlinks, instead of twice.
     """
+    found = []
+    for root, dirs, files in os.walk(directory, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith(".") and name.endswith(CONFIG_SUFFIXES):
+                found.append(os.path.join(root, name))
+    return found
+
+
+def discover(paths: Iterable[str]) -> list[str]:
+    """Descriptor files behind `paths`: files as given, directories walked.
+
+    Response-cache rule files found in a directory are left to `--cache-config` (a file named
+    explicitly is always loaded as a descriptor file).
+    """
+    from rls.cache.config import is_cache_file  # rls.cache.config imports rls.config
+
     found: list[str] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            for root, dirs, files in os.walk(path, followlinks=True):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for name in sorted(files):
-                    if not name.startswith(".") and name.endswith(CONFIG_SUFFIXES):
-                        found.append(os.path.join(root, name))
+            found += [f for f in yaml_files_under(raw) if not is_cache_file(f)]
         elif path.exists():
             found.append(str(path))
         else:

@@ -32,8 +32,6 @@ gateway-cache.yaml). When the stream ends with a cancel instead of a clean end, 
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -48,8 +46,6 @@ from rls.cache.cache import Fill, RequestKey, ResponseCache
 from rls.cache.config import CacheRule
 from rls.cache.entry import Entry, cache_control, never_store_reason, storable_headers, vary_names
 from rls.cache.keys import Headers, select_rule
-
-log = logging.getLogger("rls.extproc")
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 ATTRIBUTES = "envoy.filters.http.ext_proc"
@@ -127,12 +123,13 @@ class ExtProcService:
                 if job is not None:
                     self.cache.spawn(job)  # the reply is out; the store never delays it
                     job = None
-        except (grpc.RpcError, asyncio.CancelledError, ConnectionError):
-            # Envoy ends streams with a cancel after the last reply: normal.
-            return
+                    st.fill = None  # released by the store task when it is done
+        except (grpc.RpcError, ConnectionError):
+            return  # Envoy may end a stream with an error after the last reply: normal
         finally:
+            # A cancel (Envoy ending the stream, server shutdown) propagates, after cleanup.
             if job is not None:
-                job.close()
+                job.close()  # never started: it cannot release the fill, so do it here
             if st.fill is not None:
                 st.fill.release()
 
@@ -260,9 +257,9 @@ class ExtProcService:
         return reply, self._save(st, msg.body)
 
     def _save(self, st: _Stream, body: bytes) -> Coroutine[Any, Any, None]:
+        """The store job; `process` hands the fill over to it once the job is running."""
         assert st.rk is not None
-        fill, st.fill = st.fill, None  # the background store releases it when done
-        return self.cache.save(st.rk, st.status, st.stored_headers, body, st.vary, fill)
+        return self.cache.save(st.rk, st.status, st.stored_headers, body, st.vary, st.fill)
 
     def _release(self, st: _Stream) -> None:
         if st.fill is not None:

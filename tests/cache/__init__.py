@@ -1,0 +1,1 @@
+"""Tests of the ext_proc response cache (issue 4)."""
