@@ -43,7 +43,9 @@ FLAGS = {
     "max_entries": "most entries per descriptor",
     "max_value_bytes": "longest entry key or value",
     "max_request_bytes": "largest request message",
-    "response_headers": "add RateLimit-Limit/-Remaining/-Reset to responses",
+    "response_headers": "add RateLimit-Limit/-Remaining/-Reset/-Policy to responses",
+    "json_body": "JSON body on 429 answers (raw_body)",
+    "dynamic_metadata": "decision details as dynamic metadata for access logs",
 }
 
 

@@ -18,6 +18,8 @@ REFERENCE_ENV = {
     "key_prefix": "CACHE_KEY_PREFIX",
     "log_level": "LOG_LEVEL",
     "log_format": "LOG_FORMAT",
+    "response_headers": "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "dynamic_metadata": "RESPONSE_DYNAMIC_METADATA",
 }
 
 
@@ -55,6 +57,8 @@ class Settings:
     max_value_bytes: int = 1024
     max_request_bytes: int = 64 * 1024
     response_headers: bool = False  # RateLimit-* headers in response_headers_to_add
+    json_body: bool = False  # JSON body (raw_body) on OVER_LIMIT answers
+    dynamic_metadata: bool = False  # decision details as dynamic metadata for access logs
 
     def validate(self) -> None:
         if self.failure_mode not in ("allow", "deny"):

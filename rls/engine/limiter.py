@@ -11,7 +11,8 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from rls.backends.base import Backend, BackendError
 from rls.backends.memory import MemoryBackend
@@ -55,6 +56,8 @@ class Status:
 class Decision:
     overall: int
     statuses: list[Status]
+    # Config `metadata` of the descriptors that passed, in request order (for dynamic metadata).
+    metadata: list[dict[str, Any]] = field(default_factory=list)
 
 
 class InvalidRequest(ValueError):
@@ -139,7 +142,10 @@ class RateLimiter:
                 self.metrics.global_shadow.inc()
             overall = OK
         self.metrics.count_request(domain, _CODE[overall])
-        return Decision(overall, statuses)
+        decision = Decision(overall, statuses)
+        if settings.dynamic_metadata:
+            decision.metadata = _passed_metadata(dom, descriptors, statuses)
+        return decision
 
     def _checks(
         self,
@@ -173,7 +179,7 @@ class RateLimiter:
                 if len(memo) >= MEMO_MAX:
                     memo.clear()
                 memo[desc.entries] = targets
-            for limit, key, dyn in targets:
+            for limit, key, dyn, _ in targets:
                 if limit.replaces:
                     replaced.update(limit.replaces)
                 matched.append((i, limit, key, dyn, hits, desc.negative))
@@ -445,8 +451,8 @@ class RateLimiter:
 
 def _targets(
     dom: Domain, domain: str, entries: tuple[tuple[str, str], ...], prefix: str
-) -> tuple[tuple[Limit, str, str | None], ...]:
-    """(limit, counter key, dynamic stats key) for every limit a descriptor matches."""
+) -> tuple[tuple[Limit, str, str | None, dict[str, Any] | None], ...]:
+    """(limit, counter key, dynamic stats key, node metadata) for every limit matched."""
     path = match(dom, entries)
     if path is None:
         return ()
@@ -455,10 +461,25 @@ def _targets(
         for node, (k, v) in zip(path, entries, strict=True)
     ]
     dyn = stats_key(domain, path, entries) if needs_dynamic_stats(path) else None
+    meta = path[-1].metadata
     return tuple(
-        (limit, counter_key(prefix, domain, parts, limit.ident), dyn)
+        (limit, counter_key(prefix, domain, parts, limit.ident), dyn, meta)
         for limit in path[-1].limits
     )
+
+
+def _passed_metadata(
+    dom: Domain, descriptors: Sequence[DescriptorIn], statuses: list[Status]
+) -> list[dict[str, Any]]:
+    """Config metadata of descriptors that passed and are limited (not unlimited), in order."""
+    out = []
+    for desc, status in zip(descriptors, statuses, strict=True):
+        if status.code == OVER_LIMIT or status.remaining == UNLIMITED_REMAINING:
+            continue
+        targets = dom.memo.get(desc.entries)
+        if targets and targets[0][3]:
+            out.append(targets[0][3])
+    return out
 
 
 def _merge_same_counter(checks: list[Check]) -> tuple[list[Check], list[int] | None]:

@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from rls.engine.limiter import InvalidRequest, RateLimiter
 from rls.metrics import Metrics
 from rls.services.convert import to_descriptors, to_response
+from rls.services.extras import decorate
 from rls.settings import Settings
 
 log = logging.getLogger("rls.service")
@@ -55,6 +56,11 @@ class RateLimitService:
         self.metrics = metrics
         self._log_gate = LogGate(per_second=5)
 
+    @property
+    def _extras(self) -> bool:
+        s = self.settings
+        return s.response_headers or s.json_body or s.dynamic_metadata
+
     to_response = staticmethod(to_response)
 
     async def decide(
@@ -65,7 +71,10 @@ class RateLimitService:
         decision = await self.limiter.should_rate_limit(
             request.domain, descriptors, request.hits_addend
         )
-        return to_response(decision)
+        response = to_response(decision)
+        if self._extras:
+            decorate(response, decision, request, self.settings)
+        return response
 
     async def should_rate_limit(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         started = time.perf_counter()
