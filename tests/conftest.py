@@ -171,7 +171,7 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
         if wait_healthy:
             try:
                 wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200,
-                           what="rls /healthcheck")
+                           timeout=30.0, what="rls /healthcheck")
             except TimeoutError:
                 raise AssertionError(f"rls did not become healthy:\n{rls.log()}") from None
         return rls

@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
 
 from rls.backends.base import Backend, BackendError
-from rls.backends.memory import MemoryBackend
-from rls.config.matcher import match, needs_dynamic_stats, stats_key
 from rls.config.model import UNIT_SECONDS, Domain, Limit, RateLimitConfig, Unit
 from rls.engine.calendar import CalendarCache
+from rls.engine.checks import MEMO_MAX, match_targets, merge_same_counter, passed_metadata
+from rls.engine.decision import (
+    OK,
+    OVER_LIMIT,
+    UNLIMITED_REMAINING,
+    Decision,
+    DescriptorIn,
+    InvalidRequest,
+    Status,
+)
+from rls.engine.fallback import FallbackLimiter
 from rls.engine.keys import counter_key
+from rls.engine.local_cache import OverLimitCache
 from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.engine.usage import UsageOp, usage_ops
 from rls.metrics import Metrics
@@ -27,41 +34,17 @@ from rls.settings import Settings
 
 log = logging.getLogger("rls.limiter")
 
-OK = 1
-OVER_LIMIT = 2
-UNLIMITED_REMAINING = 4294967295
-
-
-@dataclass(slots=True)
-class DescriptorIn:
-    entries: tuple[tuple[str, str], ...]
-    hits: int | None = None  # the descriptor's own hits_addend, if set (0 allowed)
-    negative: bool = False  # is_negative_hits: give hits back
-    override: tuple[int, int, int] | None = None  # (requests_per_unit, unit, multiplier)
-
-
-@dataclass(slots=True)
-class Status:
-    code: int = OK
-    limit: Limit | None = None
-    remaining: int = 0
-    reset_ms: int | None = None
-
-    @property
-    def reset_seconds(self) -> int | None:
-        return None if self.reset_ms is None else math.ceil(self.reset_ms / 1000)
-
-
-@dataclass(slots=True)
-class Decision:
-    overall: int
-    statuses: list[Status]
-    # Config `metadata` of the descriptors that passed, in request order (for dynamic metadata).
-    metadata: list[dict[str, Any]] = field(default_factory=list)
-
-
-class InvalidRequest(ValueError):
-    """The request itself is wrong (INVALID_ARGUMENT); nothing was charged."""
+# The decision values are defined in rls.engine.decision and re-exported here for callers.
+__all__ = [
+    "OK",
+    "OVER_LIMIT",
+    "UNLIMITED_REMAINING",
+    "Decision",
+    "DescriptorIn",
+    "InvalidRequest",
+    "RateLimiter",
+    "Status",
+]
 
 
 class RateLimiter:
@@ -83,11 +66,11 @@ class RateLimiter:
         self._backend_errors = metrics.backend_errors.labels(backend.name, settings.failure_mode)
         self._last_failure_log = 0.0
         self._suppressed = 0
-        self._known_over: dict[str, tuple[int, int]] = {}
-        self._local_cache = self._decide_now is None and settings.local_cache
-        self._fallback = MemoryBackend()
-        self._fallback_calls = 0
-        self._scaled_limits: dict[int, tuple[Limit, Limit]] = {}
+        # In-process answers for keys known over limit (Redis only: memory needs no shortcut).
+        self._over_cache = (
+            OverLimitCache(metrics) if self._decide_now is None and settings.local_cache else None
+        )
+        self._fallback = FallbackLimiter(settings.fallback_share, metrics)
 
     async def should_rate_limit(
         self,
@@ -116,7 +99,8 @@ class RateLimiter:
             )
             if not checks and usage:
                 await self._record_usage_alone(usage, dom.usage.ttl_ms, now_ms)
-        if checks and self._known_over and self._answer_locally(checks, statuses):
+        over_cache = self._over_cache
+        if checks and over_cache and over_cache.answer(checks, statuses):
             self.metrics.count_request(domain, "OVER_LIMIT")
             overall = OVER_LIMIT
             if settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains:
@@ -126,15 +110,15 @@ class RateLimiter:
         if checks:
             outcomes = await self._decide(checks, now_ms, usage, dom)
             if outcomes is None and settings.fallback_share > 0:
-                outcomes = self._fallback_decide(checks, now_ms)
+                outcomes = self._fallback.decide(checks, now_ms)
             if outcomes is None:
                 mode = dom.failure_mode or settings.failure_mode
                 overall = OK if mode == "allow" or settings.limiting_off else OVER_LIMIT
                 self.metrics.count_request(domain, _CODE[overall])
                 return Decision(overall, statuses)
             overall = self._report(checks, outcomes, statuses)
-            if self._local_cache and overall == OVER_LIMIT:
-                self._remember_over(checks, outcomes)
+            if over_cache is not None and overall == OVER_LIMIT:
+                over_cache.remember(checks, outcomes)
         if overall == OVER_LIMIT and (
             settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains
         ):
@@ -144,7 +128,7 @@ class RateLimiter:
         self.metrics.count_request(domain, _CODE[overall])
         decision = Decision(overall, statuses)
         if settings.dynamic_metadata:
-            decision.metadata = _passed_metadata(dom, descriptors, statuses)
+            decision.metadata = passed_metadata(dom, descriptors, statuses)
         return decision
 
     def _checks(
@@ -175,7 +159,7 @@ class RateLimiter:
                 continue
             targets = memo.get(desc.entries)
             if targets is None:
-                targets = _targets(dom, domain, desc.entries, prefix)
+                targets = match_targets(dom, domain, desc.entries, prefix)
                 if len(memo) >= MEMO_MAX:
                     memo.clear()
                 memo[desc.entries] = targets
@@ -210,63 +194,8 @@ class RateLimiter:
 
     def clear_local_cache(self) -> None:
         """Forget locally known over-limit keys (a config reload may change the limits)."""
-        self._known_over.clear()
-
-    def _remember_over(self, checks: list[Check], outcomes: list[Outcome]) -> None:
-        now = _local_ms()
-        known = self._known_over
-        if len(known) > LOCAL_CACHE_MAX:
-            known.clear()
-        for check, out in zip(checks, outcomes, strict=True):
-            if (
-                not out.ok
-                and not out.charged
-                and not check.flags & _NOT_CACHEABLE
-                and check.limit.algorithm not in _RELEASABLE
-            ):
-                known[check.key] = (now + out.reset_ms, max(check.hits, 1))
-
-    def _answer_locally(self, checks: list[Check], statuses: list[Status]) -> bool:
-        """Reject without a round trip when an enforcing check is known over until its reset.
-
-        Only for requests that would charge nothing anyway (no releases, no `charge: always`).
-        Descriptors that were not looked up are reported without current_limit.
-        """
-        now = _local_ms()
-        known = self._known_over
-        hit: tuple[Check, int] | None = None
-        for check in checks:
-            if check.flags & NEGATIVE:
-                known.pop(check.key, None)  # a release makes room: ask the backend again
-                return False
-            if check.flags & CHARGE_ALWAYS:
-                return False
-            entry = known.get(check.key)
-            if entry is None:
-                continue
-            if entry[0] <= now:
-                del known[check.key]
-            elif (
-                hit is None
-                and not check.flags & (SHADOW | QUOTA)
-                and max(check.hits, 1) >= entry[1]
-            ):
-                hit = (check, entry[0] - now)
-        if hit is None:
-            return False
-        check, reset_ms = hit
-        status = statuses[check.descriptor]
-        status.code, status.limit, status.remaining, status.reset_ms = (
-            OVER_LIMIT,
-            check.limit,
-            0,
-            reset_ms,
-        )
-        self.metrics.local_cache_over.labels(check.limit.full_key).inc(check.hits)
-        self.metrics.record_limit(
-            check.limit, check.stats_key, check.hits, check.limit.requests_per_unit, True, False
-        )
-        return True
+        if self._over_cache is not None:
+            self._over_cache.clear()
 
     async def query(
         self, domain: str, descriptors: Sequence[DescriptorIn], now_ms: int | None = None
@@ -315,7 +244,7 @@ class RateLimiter:
     ) -> list[Outcome] | None:
         ttl = dom.usage.ttl_ms if usage and dom is not None and dom.usage is not None else 0
         if len(checks) > 1 and len({c.key for c in checks}) < len(checks):
-            merged, slots = _merge_same_counter(checks)
+            merged, slots = merge_same_counter(checks)
             if slots is not None:
                 outcomes = await self._call_backend(merged, now_ms, usage, ttl)
                 return None if outcomes is None else [outcomes[j] for j in slots]
@@ -345,40 +274,6 @@ class RateLimiter:
             self._log_failure(exc)
             return None
         return verdict.outcomes
-
-    def _fallback_decide(self, checks: list[Check], now_ms: int | None) -> list[Outcome]:
-        """Decide locally on `fallback_share` of each limit while the backend is away.
-
-        Bound: with N processes each granting share s, at most N * s * limit per window pass
-        during an outage (s = 1/N keeps it near the limit); counts restart from zero locally.
-        """
-        self.metrics.fallback.inc()
-        self._fallback_calls += 1
-        if self._fallback_calls % 10000 == 0:
-            self._fallback.sweep()
-        local = [replace(c, limit=self._scaled(c.limit)) for c in checks]
-        if len(local) > 1:
-            local, slots = _merge_same_counter(local)
-            if slots is not None:
-                outcomes = self._fallback.decide_now(local, now_ms).outcomes
-                return [outcomes[j] for j in slots]
-        return self._fallback.decide_now(local, now_ms).outcomes
-
-    def _scaled(self, limit: Limit) -> Limit:
-        scaled = self._scaled_limits.get(id(limit))
-        if scaled is None or scaled[0] is not limit:
-            share = self.settings.fallback_share
-            copy = replace(
-                limit,
-                requests_per_unit=math.ceil(limit.requests_per_unit * share),
-                burst=None if limit.burst is None else math.ceil(limit.burst * share),
-                overdraft=math.ceil(limit.overdraft * share),
-                stats=None,
-            )
-            if len(self._scaled_limits) > 4096:
-                self._scaled_limits.clear()
-            scaled = self._scaled_limits[id(limit)] = (limit, copy)
-        return scaled[1]
 
     def _log_failure(self, exc: Exception) -> None:
         """At most one line per second, so a dead store cannot fill the disk."""
@@ -449,71 +344,6 @@ class RateLimiter:
         return limit
 
 
-def _targets(
-    dom: Domain, domain: str, entries: tuple[tuple[str, str], ...], prefix: str
-) -> tuple[tuple[Limit, str, str | None, dict[str, Any] | None], ...]:
-    """(limit, counter key, dynamic stats key, node metadata) for every limit matched."""
-    path = match(dom, entries)
-    if path is None:
-        return ()
-    parts = [
-        (k, node.value if node.share_threshold else v)
-        for node, (k, v) in zip(path, entries, strict=True)
-    ]
-    dyn = stats_key(domain, path, entries) if needs_dynamic_stats(path) else None
-    meta = path[-1].metadata
-    return tuple(
-        (limit, counter_key(prefix, domain, parts, limit.ident), dyn, meta)
-        for limit in path[-1].limits
-    )
-
-
-def _passed_metadata(
-    dom: Domain, descriptors: Sequence[DescriptorIn], statuses: list[Status]
-) -> list[dict[str, Any]]:
-    """Config metadata of descriptors that passed and are limited (not unlimited), in order."""
-    out = []
-    for desc, status in zip(descriptors, statuses, strict=True):
-        if status.code == OVER_LIMIT or status.remaining == UNLIMITED_REMAINING:
-            continue
-        targets = dom.memo.get(desc.entries)
-        if targets and targets[0][3]:
-            out.append(targets[0][3])
-    return out
-
-
-def _merge_same_counter(checks: list[Check]) -> tuple[list[Check], list[int] | None]:
-    """Fold checks on the same counter (two descriptors of one request mapping to one key)
-    into one check, so the counter is charged for both, as with the reference's two INCRBYs.
-
-    Hits are netted: charges add, releases (is_negative_hits) subtract; a negative net is a
-    release of that size. Returns (checks, None) when there is nothing to fold.
-    """
-    index: dict[str, int] = {}
-    net: list[int] = []
-    merged: list[Check] = []
-    slots: list[int] = []
-    for check in checks:
-        signed = -check.hits if check.flags & NEGATIVE else check.hits
-        j = index.get(check.key)
-        if j is None:
-            index[check.key] = len(merged)
-            slots.append(len(merged))
-            merged.append(check)
-            net.append(signed)
-        else:
-            net[j] += signed
-            slots.append(j)
-    if len(merged) == len(checks):
-        return checks, None
-    for j, check in enumerate(merged):
-        total = net[j]
-        flags = check.flags | NEGATIVE if total < 0 else check.flags & ~NEGATIVE
-        if total != (-check.hits if check.flags & NEGATIVE else check.hits):
-            merged[j] = replace(check, hits=abs(total), flags=flags)
-    return merged, slots
-
-
 def _tighter(over: bool, remaining: int, reset_ms: int, current: Status) -> bool:
     """Whether a check should replace the one a descriptor currently reports."""
     if over:
@@ -524,15 +354,6 @@ def _tighter(over: bool, remaining: int, reset_ms: int, current: Status) -> bool
 
 
 _UNITS = frozenset(int(u) for u in Unit)
-LOCAL_CACHE_MAX = 100_000
-MEMO_MAX = 10_000  # match results kept per domain; cleared whole when full
-_NOT_CACHEABLE = SHADOW | QUOTA | NEGATIVE | CHARGE_ALWAYS
-# Algorithms whose room comes back early through releases from any replica.
-_RELEASABLE = frozenset({"concurrency"})
-
-
-def _local_ms() -> int:
-    return int(time.time() * 1000)
 
 
 _CODE = {OK: "OK", OVER_LIMIT: "OVER_LIMIT"}
