@@ -11,13 +11,9 @@ from pathlib import Path
 
 from rls.config.errors import ConfigError
 from rls.config.model import Domain, Level, RateLimitConfig
-from rls.config.parser import (
-    DomainParser,
-    as_str,
-    check_keys,
-    parse_usage_stats,
-    parse_yaml,
-)
+from rls.config.parser import DomainParser, check_keys
+from rls.config.usage_stats import parse_usage_stats
+from rls.config.yaml_source import as_str, parse_yaml
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
 

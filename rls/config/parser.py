@@ -12,11 +12,16 @@ import re
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
-
 from rls.config.errors import ConfigError
 from rls.config.model import ALGORITHMS, UNIT_SECONDS, Level, Limit, Node, Unit
-from rls.engine.usage import DistinctStat, UsageConfig
+from rls.config.yaml_source import (
+    YamlBool,
+    as_bool,
+    as_list,
+    as_str,
+    as_uint,
+    render,
+)
 
 REFERENCE_KEYS = frozenset(
     {
@@ -53,76 +58,6 @@ EXTENSION_KEYS = frozenset(
     }
 )
 VALID_KEYS = REFERENCE_KEYS | EXTENSION_KEYS
-UINT32_MAX = 4294967295
-
-
-class YamlInt(int):
-    """An int that remembers its source text.
-
-    The reference's YAML library keeps a scalar's text when the target field is a string, so
-    `value: 007` stays "007" (not 7) and `value: yes` stays "yes" (not true).
-    """
-
-    raw: str
-
-
-class YamlBool:
-    """A YAML 1.1 boolean (`true`, `yes`, `Off`…) that remembers its source text."""
-
-    __slots__ = ("raw", "value")
-
-    def __init__(self, value: bool, raw: str) -> None:
-        self.value = value
-        self.raw = raw
-
-    def __bool__(self) -> bool:
-        return self.value
-
-    def __repr__(self) -> str:
-        return self.raw
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader resolving scalars like the reference's yaml.v2: timestamps stay strings,
-    `1e3` is a float, and ints and bools keep their text for string fields."""
-
-    yaml_implicit_resolvers = {
-        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:  # type: ignore[override]
-        value = YamlInt(super().construct_yaml_int(node))
-        value.raw = node.value
-        return value
-
-    def construct_yaml_bool(self, node: yaml.ScalarNode) -> YamlBool:  # type: ignore[override]
-        return YamlBool(super().construct_yaml_bool(node), node.value)
-
-
-_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
-_Loader.add_constructor("tag:yaml.org,2002:bool", _Loader.construct_yaml_bool)
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+[eE][-+]?[0-9]+$"), list("-+0123456789")
-)
-
-
-def parse_yaml(file: str, text: str) -> Any:
-    """First YAML document of `text` (the reference reads only the first)."""
-    try:
-        for doc in yaml.load_all(text, Loader=_Loader):  # a SafeLoader subclass
-            return doc
-        return None
-    except yaml.YAMLError as exc:
-        raise ConfigError(file, f"error loading config file: {_yaml_error(exc)}") from None
-
-
-def _yaml_error(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    if mark is not None:
-        return f"yaml: line {mark.line + 1}: {problem}"
-    return f"yaml: {problem}"
 
 
 def check_keys(file: str, obj: Any) -> None:
@@ -130,7 +65,7 @@ def check_keys(file: str, obj: Any) -> None:
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, str):
-                raise ConfigError(file, f"config error, key is not of type string: {_render(k)}")
+                raise ConfigError(file, f"config error, key is not of type string: {render(k)}")
             if k not in VALID_KEYS:
                 raise ConfigError(file, f"config error, unknown key '{k}'")
             if k == "metadata":
@@ -144,75 +79,13 @@ def check_keys(file: str, obj: Any) -> None:
                 raise ConfigError(
                     file,
                     "config error, yaml file contains list of type other than map: "
-                    f"{_render(item)}",
+                    f"{render(item)}",
                 )
             check_keys(file, item)
     elif obj is None or isinstance(obj, (str, bool, int, YamlBool)):
         return
     else:
         raise ConfigError(file, "error checking config")
-
-
-def _render(value: Any) -> str:
-    if isinstance(value, (YamlBool, YamlInt)):
-        return value.raw
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return ""
-    return str(value)
-
-
-def as_str(file: str, value: Any, field: str) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, (YamlInt, YamlBool)):
-        return value.raw
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (str, int)):
-        return str(value)
-    raise ConfigError(
-        file, f"error loading config file: yaml: unmarshal errors: cannot unmarshal {field}"
-    )
-
-
-def _as_bool(file: str, value: Any, field: str) -> bool:
-    if value is None:
-        return False
-    if isinstance(value, YamlBool):
-        return value.value
-    if isinstance(value, bool):
-        return value
-    raise ConfigError(
-        file,
-        "error loading config file: yaml: unmarshal errors: "
-        f"cannot unmarshal {_render(value)!r} into bool field '{field}'",
-    )
-
-
-def _as_uint(file: str, value: Any, field: str, maximum: int = UINT32_MAX) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
-        raise ConfigError(
-            file,
-            "error loading config file: yaml: unmarshal errors: "
-            f"cannot unmarshal {_render(value)!r} into unsigned integer field '{field}'",
-        )
-    return value
-
-
-def _as_list(file: str, value: Any, field: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ConfigError(
-            file,
-            "error loading config file: yaml: unmarshal errors: "
-            f"cannot unmarshal {type(value).__name__} into list field '{field}'",
-        )
-    return value
 
 
 def parse_unit(text: str) -> Unit | None:
@@ -234,7 +107,7 @@ class DomainParser:
         return ConfigError(self.file, message)
 
     def add_descriptors(self, level: Level, items: Any, parent_path: str) -> None:
-        for raw in _as_list(self.file, items, "descriptors"):
+        for raw in as_list(self.file, items, "descriptors"):
             node = self._node(raw, parent_path)
             self._insert(level, node, parent_path)
 
@@ -259,7 +132,7 @@ class DomainParser:
         value = as_str(self.file, raw.get("value"), "value")
         composite = f"{key}_{value}" if value else key
         path = f"{parent_path}.{composite}"
-        share = _as_bool(self.file, raw.get("share_threshold"), "share_threshold")
+        share = as_bool(self.file, raw.get("share_threshold"), "share_threshold")
         if share and "*" not in value:
             raise self.fail(
                 "share_threshold can only be used with wildcard values (containing '*'), "
@@ -271,18 +144,18 @@ class DomainParser:
         node = Node(
             key=key,
             value=value,
-            detailed_metric=_as_bool(self.file, raw.get("detailed_metric"), "detailed_metric"),
-            value_to_metric=_as_bool(self.file, raw.get("value_to_metric"), "value_to_metric"),
+            detailed_metric=as_bool(self.file, raw.get("detailed_metric"), "detailed_metric"),
+            value_to_metric=as_bool(self.file, raw.get("value_to_metric"), "value_to_metric"),
             share_threshold=share,
             metadata=metadata,
             stats_part=composite,
         )
-        shadow = _as_bool(self.file, raw.get("shadow_mode"), "shadow_mode")
-        quota = _as_bool(self.file, raw.get("quota_mode"), "quota_mode")
+        shadow = as_bool(self.file, raw.get("shadow_mode"), "shadow_mode")
+        quota = as_bool(self.file, raw.get("quota_mode"), "quota_mode")
         specs: list[Any] = []
         if raw.get("rate_limit") is not None:
             specs.append(raw["rate_limit"])
-        specs.extend(_as_list(self.file, raw.get("rate_limits"), "rate_limits"))
+        specs.extend(as_list(self.file, raw.get("rate_limits"), "rate_limits"))
         limits = []
         for index, spec in enumerate(specs):
             if not isinstance(spec, dict):
@@ -314,7 +187,7 @@ class DomainParser:
         self, spec: dict[str, Any], path: str, shadow: bool, quota: bool, index: int
     ) -> Limit:
         f = self.file
-        unlimited = _as_bool(f, spec.get("unlimited"), "unlimited")
+        unlimited = as_bool(f, spec.get("unlimited"), "unlimited")
         unit_text = as_str(f, spec.get("unit"), "unit")
         unit = parse_unit(unit_text)
         if unlimited:
@@ -325,7 +198,7 @@ class DomainParser:
             raise self.fail(f"invalid rate limit unit '{unit_text}'")
         name = as_str(f, spec.get("name"), "name")
         replaces: set[str] = set()
-        for entry in _as_list(f, spec.get("replaces"), "replaces"):
+        for entry in as_list(f, spec.get("replaces"), "replaces"):
             rname = as_str(f, entry.get("name"), "name") if isinstance(entry, dict) else ""
             if not rname:
                 raise self.fail("should not have an empty replaces entry")
@@ -338,13 +211,13 @@ class DomainParser:
                 f"'{path}': unknown algorithm '{algorithm}' (one of {', '.join(ALGORITHMS)})"
             )
         multiplier = spec.get("unit_multiplier")
-        multiplier = 1 if multiplier is None else _as_uint(f, multiplier, "unit_multiplier")
+        multiplier = 1 if multiplier is None else as_uint(f, multiplier, "unit_multiplier")
         if multiplier < 1:
             raise self.fail(f"'{path}': unit_multiplier must be at least 1")
         burst = spec.get("burst")
-        burst = None if burst is None else _as_uint(f, burst, "burst")
-        overdraft = _as_uint(f, spec.get("overdraft"), "overdraft")
-        calendar = _as_bool(f, spec.get("calendar"), "calendar")
+        burst = None if burst is None else as_uint(f, burst, "burst")
+        overdraft = as_uint(f, spec.get("overdraft"), "overdraft")
+        calendar = as_bool(f, spec.get("calendar"), "calendar")
         timezone = as_str(f, spec.get("timezone"), "timezone") or "UTC"
         if spec.get("timezone") is not None:
             try:
@@ -352,7 +225,7 @@ class DomainParser:
             except (ZoneInfoNotFoundError, ValueError):
                 raise self.fail(f"'{path}': unknown timezone '{timezone}'") from None
         self._check_extensions(path, algorithm, burst, overdraft, calendar, spec, unit, unlimited)
-        rpu = _as_uint(f, spec.get("requests_per_unit"), "requests_per_unit")
+        rpu = as_uint(f, spec.get("requests_per_unit"), "requests_per_unit")
         if overdraft > rpu:
             raise self.fail(f"'{path}': overdraft must not exceed requests_per_unit")
         charge = as_str(f, spec.get("charge"), "charge") or "on_allow"
@@ -408,50 +281,6 @@ class DomainParser:
 
 BURST_ALGORITHMS = ("token_bucket", "leaky_bucket", "gcra")
 
-
-def parse_usage_stats(file: str, raw: Any) -> UsageConfig | None:
-    """The domain-level `usage_stats` block (see rls.engine.usage)."""
-    if raw is None:
-        return None
-
-    def fail(message: str) -> ConfigError:
-        return ConfigError(file, f"usage_stats: {message}")
-
-    if not isinstance(raw, dict):
-        raise fail("must be a map")
-    unknown = set(raw) - {"days", "timezone", "calls", "distinct"}
-    if unknown:
-        raise fail(f"unknown key '{sorted(unknown)[0]}'")
-    days = raw.get("days", 7)
-    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= 3660:
-        raise fail("days must be a whole number from 1 to 3660")
-    timezone = as_str(file, raw.get("timezone"), "timezone") or "UTC"
-    try:
-        ZoneInfo(timezone)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise fail(f"unknown timezone '{timezone}'") from None
-
-    def keys_of(value: Any, what: str) -> tuple[str, ...]:
-        if isinstance(value, str):
-            keys = tuple(k.strip() for k in value.split(",") if k.strip())
-        elif isinstance(value, list) and all(isinstance(k, str) for k in value):
-            keys = tuple(value)
-        else:
-            keys = ()
-        if not keys:
-            raise fail(f"{what} must be descriptor keys, e.g. 'app' or 'app,interface'")
-        return keys
-
-    calls = [keys_of(item, "calls entry") for item in _as_list(file, raw.get("calls"), "calls")]
-    distinct = []
-    for item in _as_list(file, raw.get("distinct"), "distinct"):
-        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
-            raise fail("distinct entries need a key, e.g. {key: user, per: app}")
-        per = keys_of(item.get("per"), "distinct per") if item.get("per") is not None else ()
-        distinct.append(DistinctStat(item["key"], per))
-    if not calls and not distinct:
-        raise fail("needs calls or distinct")
-    return UsageConfig(days, timezone, calls, distinct)
 
 _WILDCARD_CACHE: dict[str, re.Pattern[str]] = {}
 
