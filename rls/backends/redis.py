@@ -74,12 +74,33 @@ def _hosts(netloc: str) -> list[tuple[str, int]]:
     return hosts
 
 
+TLS_QUERY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+
+
+def _tls_options(secure: bool, query: dict[str, str]) -> dict[str, Any]:
+    """TLS settings for the Sentinel and Cluster clients from the URL query (`rediss://` reads
+    them itself): `?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none…`."""
+    if not secure:
+        return {}
+    tls: dict[str, Any] = {"ssl": True}
+    for name in TLS_QUERY:
+        if name in query:
+            tls[name] = query[name]
+    reqs = tls.get("ssl_cert_reqs")
+    if reqs is not None:
+        tls["ssl_cert_reqs"] = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL}.get(
+            reqs, ssl.CERT_REQUIRED
+        )
+    if "ssl_check_hostname" in tls:
+        tls["ssl_check_hostname"] = tls["ssl_check_hostname"].lower() in ("1", "true", "yes")
+    return tls
+
+
 def connect(url: str, timeout_s: float, connect_timeout_s: float, pool_size: int) -> Any:
     """A redis-py asyncio client for any supported URL scheme."""
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": connect_timeout_s,
-        "retry_on_timeout": False,
     }
     parts = urlsplit(url)
     scheme = parts.scheme
@@ -88,12 +109,17 @@ def connect(url: str, timeout_s: float, connect_timeout_s: float, pool_size: int
         "password": unquote(parts.password) if parts.password else None,
     }
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    tls = _tls_options(scheme.startswith("rediss"), query)
     if scheme in ("redis", "rediss", "unix"):
         # A blocking pool waits (up to the call's deadline) for a free connection; the default
         # pool raises "Too many connections" at once when more calls are in flight than
         # connections.
         pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=pool_size, timeout=max(1.0, timeout_s), **common
+            url,
+            max_connections=pool_size,
+            timeout=max(1.0, timeout_s),
+            retry_on_timeout=False,
+            **common,
         )
         return aioredis.Redis(connection_pool=pool)
     if scheme in ("redis+sentinel", "rediss+sentinel"):
@@ -101,22 +127,18 @@ def connect(url: str, timeout_s: float, connect_timeout_s: float, pool_size: int
         if not path:
             raise ValueError("redis+sentinel:// URL needs a service name: …/service_name[/db]")
         service, db = path[0], int(path[1]) if len(path) > 1 else 0
-        sentinel_tls = {"ssl": True} if scheme.startswith("rediss") else {}
         sentinel = Sentinel(
             _hosts(parts.netloc),
-            sentinel_kwargs={**common, **sentinel_tls},
+            sentinel_kwargs={**common, **tls},
+            retry_on_timeout=False,
             **common,
-            **sentinel_tls,
+            **tls,
         )
         return sentinel.master_for(
-            service, db=db, max_connections=pool_size, **auth, **common, **sentinel_tls
+            service, db=db, max_connections=pool_size, **auth, **common, **tls
         )
     if scheme in ("redis+cluster", "rediss+cluster"):
-        tls: dict[str, Any] = {}
-        if scheme.startswith("rediss"):
-            tls = {"ssl": True, "ssl_cert_reqs": query.get("ssl_cert_reqs", "required")}
-            if tls["ssl_cert_reqs"] == "none":
-                tls["ssl_cert_reqs"] = ssl.CERT_NONE
+        # RedisCluster takes no retry_on_timeout; its own retries are turned off instead.
         nodes = [ClusterNode(h, p) for h, p in _hosts(parts.netloc)]
         return RedisCluster(
             startup_nodes=nodes, max_connections=pool_size, **auth, **common, **tls
@@ -196,6 +218,11 @@ class RedisBackend:
         except (RedisError, OSError) as exc:
             breaker.failure()
             raise BackendError(f"redis: {exc}") from exc
+        except (AttributeError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+            # redis-py can surface a connection torn down mid-call (e.g. cut by the deadline)
+            # as a plain Python error; it is still the store failing, not a bad request.
+            breaker.failure()
+            raise BackendError(f"redis client error: {exc!r}") from exc
         except asyncio.CancelledError:
             breaker.failure()  # the caller's deadline passed: a slow store counts as failing
             raise

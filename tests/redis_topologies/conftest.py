@@ -1,0 +1,78 @@
+"""Fixtures: each topology is started once per module (Sentinel per test: failover destroys it)
+and always stopped by the fixture's finalizer, also when a test or the start-up fails."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .servers import (
+    AuthSetup,
+    ClusterTopology,
+    SentinelTopology,
+    TlsFiles,
+    Topology,
+    make_tls_files,
+    start_auth_redis,
+    start_cluster,
+    start_sentinel,
+    start_tls_redis,
+)
+from .servers import Proc as RedisProc
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterTopology]:
+    topo = start_cluster(tmp_path_factory.mktemp("cluster"), masters=3, replicas=0)
+    try:
+        yield topo
+    finally:
+        topo.stop()
+
+
+@pytest.fixture
+def fresh_cluster(cluster: ClusterTopology) -> ClusterTopology:
+    cluster.flush()
+    return cluster
+
+
+@pytest.fixture
+def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelTopology]:
+    topo = start_sentinel(tmp_path_factory.mktemp("sentinel"))
+    try:
+        yield topo
+    finally:
+        topo.stop()
+
+
+# Distinct, greppable secrets; the ACL user's contains URL-special characters (percent-encoded
+# in the URL), so the test also covers unquoting.
+DEFAULT_PASSWORD = "dflt-S3cret-4f2a"
+ACL_USER = "app"
+ACL_PASSWORD = "app-S3cret@7:c9"
+
+
+@pytest.fixture(scope="module")
+def auth_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthSetup]:
+    workdir = tmp_path_factory.mktemp("auth")
+    topo = Topology(workdir)
+    try:
+        yield start_auth_redis(workdir, topo, DEFAULT_PASSWORD, ACL_USER, ACL_PASSWORD)
+    finally:
+        topo.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    return make_tls_files(tmp_path_factory.mktemp("tls-certs"))
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory, tls_files: TlsFiles) -> Iterator[RedisProc]:
+    workdir = tmp_path_factory.mktemp("tls")
+    topo = Topology(workdir)
+    try:
+        yield start_tls_redis(workdir, topo, tls_files)
+    finally:
+        topo.stop()

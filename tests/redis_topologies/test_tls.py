@@ -1,0 +1,87 @@
+"""TLS: a redis-server listening only on a TLS port (Debian's redis 7.0 is built with TLS; if
+the installed one is not, the `tls_redis` fixture fails with that message — never a skip).
+
+`rediss://…?ssl_ca_certs=<CA>` decides exactly; every way of getting TLS wrong (a CA that did not
+sign the server certificate, rediss:// to a plaintext port, redis:// to the TLS port) fails fast
+with the failure mode and is counted in rls_backend_errors_total."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import RedisServer, wait_until
+
+from .rlsclient import (
+    OK,
+    OVER,
+    SLACK_S,
+    TIMEOUT_MS,
+    Client,
+    backend_errors,
+    desc,
+    start_rls,
+    used,
+    write_config,
+)
+from .servers import Proc, TlsFiles
+
+DOMAIN = "tls"
+CONFIG = """
+domain: tls
+descriptors:
+  - key: k
+    rate_limit: {unit: year, requests_per_unit: 3}
+"""
+
+
+def test_rediss_with_trusted_ca_decides_exactly(tls_redis: Proc, tls_files: TlsFiles,
+                                                rls_factory, tmp_path: Path):
+    tls_redis.client().flushall()
+    url = f"rediss://127.0.0.1:{tls_redis.port}/0?ssl_ca_certs={tls_files.ca}"
+    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), url)
+    client = Client(rls.grpc_addr, DOMAIN)
+    try:
+        for remaining in (2, 1, 0):
+            a = client.call(desc(("k", "tls")))
+            assert a.decided and a.code == OK and a.resp.statuses[0].limit_remaining == remaining
+        a = client.call(desc(("k", "tls")))
+        assert a.decided and a.code == OVER, a.resp
+    finally:
+        client.close()
+    assert used(rls.http_url, DOMAIN, ("k", "tls")) == [3]
+    assert backend_errors(rls.http_url) == 0
+    # The server has no plaintext port: the counter can only have arrived over TLS.
+    assert tls_redis.client().dbsize() == 1
+
+
+@pytest.mark.parametrize(("case", "mode"), [
+    ("untrusted_ca", "deny"),
+    ("rediss_to_plain_port", "allow"),
+    ("redis_to_tls_port", "allow"),
+])
+def test_tls_misconfiguration_fails_fast_with_failure_mode(
+    case: str, mode: str, tls_redis: Proc, tls_files: TlsFiles, redis_server: RedisServer,
+    rls_factory, tmp_path: Path,
+):
+    url = {
+        "untrusted_ca": f"rediss://127.0.0.1:{tls_redis.port}/0?ssl_ca_certs={tls_files.other_ca}",
+        "rediss_to_plain_port": f"rediss://127.0.0.1:{redis_server.port}/0",
+        "redis_to_tls_port": f"redis://127.0.0.1:{tls_redis.port}/0",
+    }[case]
+    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), url, "--failure-mode", mode)
+    expected = OK if mode == "allow" else OVER
+    client = Client(rls.grpc_addr, DOMAIN)
+    try:
+        answers = [client.call(desc(("k", case))) for _ in range(5)]
+    finally:
+        client.close()
+    for a in answers:
+        assert a.code == expected and not a.decided, a.resp
+        assert a.seconds <= TIMEOUT_MS / 1000 + SLACK_S, f"answer took {a.seconds:.3f}s"
+    assert backend_errors(rls.http_url) >= 5
+    wait_until(lambda: "backend redis failed" in rls.log(), timeout=5,
+               what="the backend failure logged")
+    if case == "untrusted_ca":
+        assert "CERTIFICATE_VERIFY_FAILED" in rls.log() or "certificate verify failed" in \
+            rls.log(), rls.log()
