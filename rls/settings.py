@@ -67,6 +67,9 @@ class Settings:
             raise ValueError("key_prefix must be at most 32 bytes")
         if self.workers < 1:
             raise ValueError("workers must be at least 1")
+        from rls.backends.urls import normalize_redis_url
+
+        self.redis_url = normalize_redis_url(self.redis_url)
 
 
 def env_value(name: str, environ: dict[str, str] | None = None) -> str | None:

@@ -249,19 +249,24 @@ class RedisBackend:
     async def _run_with_usage(
         self, checks: Sequence[Check], now_ms: int | None, ops: Sequence[UsageOp], ttl_ms: int
     ) -> Verdict:
-        """The decision and the usage counters in one pipelined round trip."""
+        """The decision and the usage counters in one pipelined round trip.
+
+        On NOSCRIPT (Redis restarted or flushed) the usage commands have already run, so only
+        the script is sent again — usage is never counted twice.
+        """
         keys, args = self._script_args(checks, now_ms, "d")
-        for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-            _queue_usage(pipe, ops, ttl_ms)
-            try:
-                res = (await pipe.execute())[0]
-                break
-            except NoScriptError:
-                if attempt == 2:
-                    raise
-                await self.client.script_load(self._script.script)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+        _queue_usage(pipe, ops, ttl_ms)
+        results = await pipe.execute(raise_on_error=False)
+        for extra in results[1:]:
+            if isinstance(extra, Exception):
+                raise extra
+        res = results[0]
+        if isinstance(res, NoScriptError):
+            res = await self._script(keys=keys, args=args)  # loads the script, then EVALSHA
+        elif isinstance(res, Exception):
+            raise res
         return _verdict(res)
 
     async def peek(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:

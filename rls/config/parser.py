@@ -78,8 +78,7 @@ def check_keys(file: str, obj: Any) -> None:
             if not isinstance(item, dict):
                 raise ConfigError(
                     file,
-                    "config error, yaml file contains list of type other than map: "
-                    f"{render(item)}",
+                    f"config error, yaml file contains list of type other than map: {render(item)}",
                 )
             check_keys(file, item)
     elif obj is None or isinstance(obj, (str, bool, int, YamlBool)):
@@ -108,16 +107,28 @@ class DomainParser:
 
     def add_descriptors(self, level: Level, items: Any, parent_path: str) -> None:
         for raw in as_list(self.file, items, "descriptors"):
+            # Like the reference, a duplicate is reported before the node's own problems.
+            key = as_str(self.file, raw.get("key"), "key")
+            if key:
+                self._check_duplicate(
+                    level, key, as_str(self.file, raw.get("value"), "value"), parent_path
+                )
             node = self._node(raw, parent_path)
-            self._insert(level, node, parent_path)
+            self._insert(level, node)
 
-    def _insert(self, level: Level, node: Node, parent_path: str) -> None:
-        composite = f"{node.key}_{node.value}" if node.value else node.key
+    def _check_duplicate(self, level: Level, key: str, value: str, parent_path: str) -> None:
+        """Two nodes with the same key and value at one level (also across merged files).
+
+        Unlike the reference, which compares the joined `key_value` string, the real pair is
+        compared: `key: a, value: b_c` and `key: a_b, value: c` are different nodes here (the
+        counter keys are injective too), while the reference rejects them as duplicates.
+        """
+        if value in level.by_key.get(key, ()):
+            composite = f"{key}_{value}" if value else key
+            raise self.fail(f"duplicate descriptor composite key '{parent_path}.{composite}'")
+
+    def _insert(self, level: Level, node: Node) -> None:
         values = level.by_key.setdefault(node.key, {})
-        if node.value in values or (not node.value and node.key in level.defaults):
-            raise self.fail(
-                f"duplicate descriptor composite key '{parent_path}.{composite}'"
-            )
         values[node.value] = node
         level.ordered.append(node)
         if not node.value:
@@ -251,7 +262,6 @@ class DomainParser:
             full_key=path,
             index=index,
         )
-
 
     def _check_extensions(
         self,

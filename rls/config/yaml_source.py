@@ -86,12 +86,19 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
 
 
 def render(value: Any) -> str:
+    """A YAML value as Go's `%v` prints it, for the reference's error messages:
+    `<nil>`, `[a b]`, `map[k:v]` (keys sorted)."""
     if isinstance(value, (YamlBool, YamlInt)):
         return value.raw
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
-        return ""
+        return "<nil>"
+    if isinstance(value, list):
+        return "[" + " ".join(render(item) for item in value) + "]"
+    if isinstance(value, dict):
+        pairs = sorted(f"{render(k)}:{render(v)}" for k, v in value.items())
+        return "map[" + " ".join(pairs) + "]"
     return str(value)
 
 

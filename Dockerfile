@@ -1,0 +1,46 @@
+# syntax=docker/dockerfile:1
+# rls: Envoy external rate-limit service (gRPC 8081, admin HTTP 8080).
+#
+#   docker build -t rls .
+#   docker run --rm -p 8081:8081 -p 8080:8080 rls                 # config/ examples, memory
+#   docker run --rm -p 8081:8081 -p 8080:8080 \
+#       -v "$PWD/my-descriptors:/etc/rls/config:ro" \
+#       -e RLS_REDIS_URL=redis://redis:6379/0 rls                   # your YAML, counters in Redis
+#
+# Every flag of `rls serve` is also an environment variable RLS_<NAME> (docs/configuration.md).
+# Checked by tests/ship/test_dockerfile.py (no Docker needed): entrypoint, ports, healthcheck
+# path, non-root user, Python version, build context.
+
+# --- build: the wheel (setuptools from pyproject's [build-system], in pip's isolated env) ----
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+# rls/lua is a symlink to ../lua: the Redis scripts ship inside the wheel through it.
+COPY lua/ lua/
+COPY rls/ rls/
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+# --- runtime: the wheel and its dependencies in a venv, nothing else --------------------------
+FROM python:3.11-slim-bookworm AS runtime
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/rls/bin:$PATH
+COPY --from=build /wheels /tmp/wheels
+RUN python -m venv /opt/rls \
+    && /opt/rls/bin/pip install --no-cache-dir /tmp/wheels/*.whl \
+    && rm -rf /tmp/wheels \
+    && groupadd --system --gid 10001 rls \
+    && useradd --system --uid 10001 --gid rls --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin rls
+# Default descriptors: the examples and field scenarios of config/ (cache rules are not
+# descriptors; mount them and pass --cache-config). Mount your own over /etc/rls/config.
+COPY config/example.yaml config/scenario-*.yaml /etc/rls/config/
+USER 10001:10001
+# 8081: gRPC RateLimitService + grpc.health.v1; 8080: admin HTTP (/healthcheck, /metrics, ...)
+EXPOSE 8081 8080
+# No curl in slim images: Python's urllib. Non-200 or no answer -> exit 1 -> unhealthy.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthcheck', timeout=2).status == 200 else 1)"]
+ENTRYPOINT ["rls"]
+# The admin API listens on all interfaces inside the container (default 127.0.0.1 outside).
+CMD ["serve", "--config", "/etc/rls/config", "--http-addr", "0.0.0.0:8080"]

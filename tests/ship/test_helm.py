@@ -1,0 +1,280 @@
+"""helm/rls without a helm binary: what these tests check, and what they do not.
+
+Checked:
+- Chart.yaml is a valid v2 chart whose appVersion is the package version;
+- statically, every `.Values.a.b` path written in a template exists in values.yaml, and every
+  top-level value is used by some template (no dead, undocumented knobs);
+- the templates are rendered by tests/ship/minihelm.py, a small strict Go-template renderer
+  for exactly the constructs the chart uses (it fails on a missing key where Helm would render
+  nothing, and on any construct it does not know). Rendered with the defaults and with every
+  feature on (Envoy sidecar, cache rules, Redis URL or existing Secret, admin token, HPA, PDB,
+  ServiceMonitor), every manifest parses as YAML and the pieces fit together: selectors match
+  pod labels, Service target ports and probe ports are named container ports, volume mounts
+  have volumes and ConfigMaps, the rls args parse with rls's own CLI parser, the RLS_* env
+  names are real settings, probes hit a real admin route, the descriptor ConfigMap passes
+  `rls check-config`, the sidecar's Envoy config passes `envoy --mode validate` and points at
+  the rls gRPC port, the pod runs as the Dockerfile's non-root user.
+Not checked: Helm's own rendering (Sprig functions are re-implemented, only those used),
+schema validation against a Kubernetes API server, and installing the chart.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rls.cli import FLAGS, _parser, _settings_from, check_config
+
+from .helpers import ROOT
+from .minihelm import TemplateError, render_chart
+from .test_dockerfile import one, stages
+
+CHART = ROOT / "helm" / "rls"
+VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+ALL_ON: dict[str, Any] = {
+    "replicaCount": 3,
+    "redis": {"url": "redis://:s3cret@redis-master:6379/0"},
+    "adminToken": {"value": "t0ken"},
+    "cache": {"enabled": True, "rules": "rules:\n- api: translate\n  methods: [POST]\n"},
+    "envoy": {"enabled": True, "args": ["--log-level", "info"]},
+    "autoscaling": {"enabled": True},
+    "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "extraArgs": ["--shadow-mode"],
+    "extraEnv": [{"name": "RLS_NEAR_LIMIT_RATIO", "value": "0.9"}],
+    "podAnnotations": {"team": "edge"},
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+}
+
+
+def manifests(overrides: dict[str, Any] | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+    """(kind, name) -> object, for every rendered manifest."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, text in render_chart(CHART, overrides).items():
+        if name.startswith("_") or name == "NOTES.txt":
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc is None:
+                continue
+            assert {"apiVersion", "kind", "metadata"} <= set(doc), (name, doc)
+            key = (doc["kind"], doc["metadata"]["name"])
+            assert key not in out, f"{key} rendered twice"
+            assert len(key[1]) <= 63
+            out[key] = doc
+    return out
+
+
+def only(objs: dict[tuple[str, str], dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for (k, _), o in objs.items() if k == kind]
+    assert len(found) == 1, (kind, list(objs))
+    return found[0]
+
+
+def container(deploy: dict[str, Any], name: str) -> dict[str, Any]:
+    (c,) = [c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    return c
+
+
+# --------------------------------------------------------------------------- static checks
+
+
+def test_chart_yaml_is_a_valid_v2_chart():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["name"] == CHART.name == "rls"
+    assert chart["type"] == "application"
+    assert re.fullmatch(r"\d+\.\d+\.\d+(-[\w.]+)?", chart["version"])
+    assert chart["appVersion"] == PYPROJECT["project"]["version"]
+
+
+def _values_refs() -> set[str]:
+    refs = set()
+    for path in (CHART / "templates").iterdir():
+        refs |= set(re.findall(r"\.Values((?:\.[A-Za-z0-9_]+)+)", path.read_text()))
+    return {r.lstrip(".") for r in refs}
+
+
+def test_every_values_path_in_the_templates_exists_in_values_yaml():
+    missing = []
+    for ref in sorted(_values_refs()):
+        node: Any = VALUES
+        for part in ref.split("."):
+            if not isinstance(node, dict) or part not in node:
+                missing.append(ref)
+                break
+            node = node[part]
+    assert not missing, f"templates use values that values.yaml lacks: {missing}"
+
+
+def test_every_top_level_value_is_used():
+    used = {ref.split(".")[0] for ref in _values_refs()}
+    assert set(VALUES) - used == set()
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+@pytest.mark.parametrize("overrides", [None, ALL_ON], ids=["defaults", "all-on"])
+def test_rendered_manifests_fit_together(overrides, tmp_path: Path):
+    objs = manifests(overrides)
+    values = VALUES if overrides is None else {**VALUES, **overrides}
+    deploy = only(objs, "Deployment")
+    pod = deploy["spec"]["template"]
+    selector = deploy["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    service = only(objs, "Service")
+    assert service["spec"]["selector"] == selector
+
+    containers = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for c in containers for p in c.get("ports", [])}
+    for sp in service["spec"]["ports"]:
+        assert sp["targetPort"] in ports, sp
+
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    for c in containers:
+        for mount in c.get("volumeMounts", []):
+            assert mount["name"] in volumes, mount
+    for v in volumes.values():
+        if "configMap" in v:
+            assert ("ConfigMap", v["configMap"]["name"]) in objs, v
+
+    rls = container(deploy, "rls")
+    settings = _settings_from(_parser().parse_args(rls["args"]))
+    mounts = {m["mountPath"]: m["name"] for m in rls["volumeMounts"]}
+    (config_dir,) = settings.config
+    descriptors_cm = objs[("ConfigMap", volumes[mounts[config_dir]]["configMap"]["name"])]
+    assert settings.grpc_addr.endswith(f":{ports['grpc']}")
+    assert settings.http_addr == f"0.0.0.0:{ports['http']}"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert rls[probe]["httpGet"] == {"path": "/healthcheck", "port": "http"}
+    known = {f"RLS_{name.upper()}" for name in FLAGS} | {"RLS_ADMIN_TOKEN", "RLS_CONFIG"}
+    env = {e["name"]: e for e in rls["env"]}
+    assert set(env) <= known, set(env) - known
+
+    # The descriptor files pass rls check-config, as they would in the pod.
+    for name, text in descriptors_cm["data"].items():
+        (tmp_path / name).write_text(text)
+    assert check_config([str(tmp_path)], False) == 0
+
+    # The pod runs as the image's non-root user.
+    security = pod["spec"]["securityContext"]
+    uid = one("USER", stages()[-1]).split(":")[0]
+    assert security["runAsNonRoot"] is True and str(security["runAsUser"]) == uid
+    assert rls["securityContext"]["allowPrivilegeEscalation"] is False
+
+    has_hpa = ("HorizontalPodAutoscaler", deploy["metadata"]["name"]) in objs
+    assert has_hpa == values["autoscaling"]["enabled"]
+    assert ("replicas" in deploy["spec"]) != has_hpa
+    pdbs = [o for (k, _), o in objs.items() if k == "PodDisruptionBudget"]
+    assert bool(pdbs) == (has_hpa or values["replicaCount"] > 1)
+    for pdb in pdbs:
+        assert pdb["spec"]["selector"]["matchLabels"] == selector
+    for (kind, _), sm in objs.items():
+        if kind == "ServiceMonitor":
+            (endpoint,) = sm["spec"]["endpoints"]
+            assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+            assert endpoint["path"] == "/metrics"
+            assert sm["spec"]["selector"]["matchLabels"] == selector
+
+
+def test_defaults_are_one_memory_backed_pod_without_secrets_or_sidecar():
+    objs = manifests()
+    deploy = only(objs, "Deployment")
+    assert [c["name"] for c in deploy["spec"]["template"]["spec"]["containers"]] == ["rls"]
+    assert not [k for k in objs if k[0] in ("Secret", "HorizontalPodAutoscaler",
+                                            "ServiceMonitor", "PodDisruptionBudget")]
+    env = {e["name"] for e in container(deploy, "rls")["env"]}
+    assert "RLS_REDIS_URL" not in env and "RLS_ADMIN_TOKEN" not in env
+    resources = container(deploy, "rls")["resources"]
+    assert resources["requests"]["cpu"] and resources["limits"]["memory"]
+
+
+def test_secrets_redis_url_and_admin_token():
+    objs = manifests(ALL_ON)
+    secret = only(objs, "Secret")
+    deploy = only(objs, "Deployment")
+    env = {e["name"]: e for e in container(deploy, "rls")["env"]}
+    for var, expected in (("RLS_REDIS_URL", ALL_ON["redis"]["url"]),
+                          ("RLS_ADMIN_TOKEN", ALL_ON["adminToken"]["value"])):
+        ref = env[var]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == secret["metadata"]["name"]
+        assert base64.b64decode(secret["data"][ref["key"]]).decode() == expected
+
+    existing = manifests({"redis": {"existingSecret": "shared-redis"},
+                          "adminToken": {"existingSecret": "ops-token"}})
+    assert not [k for k in existing if k[0] == "Secret"]
+    env = {e["name"]: e for e in container(only(existing, "Deployment"), "rls")["env"]}
+    assert env["RLS_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "shared-redis", "key": VALUES["redis"]["existingSecretKey"]}
+    assert env["RLS_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "ops-token"
+
+
+def test_cache_rules_are_mounted_and_passed():
+    objs = manifests(ALL_ON)
+    rls = container(only(objs, "Deployment"), "rls")
+    args = rls["args"]
+    path = args[args.index("--cache-config") + 1]
+    assert any(path.startswith(m["mountPath"] + "/") for m in rls["volumeMounts"])
+    cache = objs[("ConfigMap", "demo-rls-cache")]
+    assert cache["data"][Path(path).name] == ALL_ON["cache"]["rules"]
+    with pytest.raises(TemplateError, match=r"cache\.rules is required"):
+        render_chart(CHART, {"cache": {"enabled": True, "rules": ""}})
+
+
+def test_envoy_sidecar_config_is_valid_and_calls_rls_on_loopback(tmp_path: Path):
+    from rls.demo import find_envoy
+
+    objs = manifests(ALL_ON)
+    deploy = only(objs, "Deployment")
+    envoy = container(deploy, "envoy")
+    assert envoy["image"] == "envoyproxy/envoy:v1.40.0"
+    args = envoy["args"]
+    config_path = Path(args[args.index("--config-path") + 1])
+    mount = {m["mountPath"]: m["name"] for m in envoy["volumeMounts"]}[str(config_path.parent)]
+    volume = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}[mount]
+    text = objs[("ConfigMap", volume["configMap"]["name"])]["data"][config_path.name]
+    config = yaml.safe_load(text)
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    rl = clusters["ratelimit_service"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+    address = rl["endpoint"]["address"]["socket_address"]
+    assert (address["address"], address["port_value"]) == ("127.0.0.1", VALUES["ports"]["grpc"])
+    listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert listener["port_value"] == VALUES["envoy"]["listenerPort"] == envoy["ports"][0][
+        "containerPort"]
+    (tmp_path / "envoy.yaml").write_text(text)
+    done = subprocess.run([find_envoy(), "--mode", "validate", "-c", str(tmp_path / "envoy.yaml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_notes_render_and_warn_about_memory_counters_with_several_pods():
+    notes = render_chart(CHART, {"replicaCount": 3})["NOTES.txt"]
+    assert "demo-rls.rate-limit.svc:8081" in notes
+    assert "WARNING" in notes
+    assert "WARNING" not in render_chart(CHART, ALL_ON)["NOTES.txt"]
+    assert "WARNING" not in render_chart(CHART)["NOTES.txt"]
+
+
+def test_minihelm_is_strict(tmp_path: Path):
+    """The renderer refuses what Helm would silently render as empty, and constructs it
+    does not implement, so a passing render means something."""
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "Chart.yaml").write_text("apiVersion: v2\nname: t\nversion: 0.1.0\n")
+    (tmp_path / "values.yaml").write_text("a: {b: 1}\n")
+    template = tmp_path / "templates" / "x.yaml"
+    template.write_text("x: {{ .Values.a.b }}{{- if .Values.a.b }} y{{ end }}\n")
+    assert render_chart(tmp_path)["x.yaml"] == "x: 1 y\n"
+    template.write_text("x: {{ .Values.a.typo }}\n")
+    with pytest.raises(TemplateError, match="no key 'typo'"):
+        render_chart(tmp_path)
+    template.write_text("x: {{ lookup \"v1\" \"Secret\" \"ns\" \"s\" }}\n")
+    with pytest.raises(TemplateError, match="unknown function 'lookup'"):
+        render_chart(tmp_path)
