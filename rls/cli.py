@@ -39,6 +39,8 @@ FLAGS = {
     "local_cache": "answer keys known over limit without Redis until their reset (on/off)",
     "auto_pipeline": "concurrent Redis calls of a worker share one round trip (on/off)",
     "reload_interval": "seconds between config change checks (0 = no reload)",
+    "shutdown_delay_ms": "after SIGTERM, keep serving this long with readiness 503",
+    "drain_seconds": "then the longest wait for in-flight calls before exiting",
     "max_descriptors": "most descriptors per request",
     "max_entries": "most entries per descriptor",
     "max_value_bytes": "longest entry key or value",

@@ -157,7 +157,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     log.info("shutting down: draining in-flight calls")
     state.draining = True
     await set_serving(health, False)
-    await server.stop(grace=5.0)
+    # Keep answering for a moment while readiness reports 503: grpc-core cancels calls it has
+    # received but not yet handed to a handler when stop() begins (grpc/grpc#41785), and load
+    # balancers need a moment to notice the readiness change.
+    await asyncio.sleep(settings.shutdown_delay_ms / 1000)
+    await server.stop(grace=settings.drain_seconds)
     if cache is not None:
         await cache.close()  # lets pending stores finish (bounded), closes the store
     follower.cancel()

@@ -52,6 +52,8 @@ class Settings:
     near_limit_ratio: float = 0.8
     key_prefix: str = "rl:"
     reload_interval: float = 1.0
+    shutdown_delay_ms: int = 1000  # after SIGTERM: keep serving (readiness 503) this long
+    drain_seconds: float = 5.0  # then: stop accepting, wait at most this for in-flight calls
     max_descriptors: int = 64
     max_entries: int = 32
     max_value_bytes: int = 1024

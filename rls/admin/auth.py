@@ -21,7 +21,10 @@ def requires_token(handler: Handler) -> Handler:
         if token is not None:
             header = request.headers.get("Authorization", "")
             scheme, _, given = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+            expected = token.encode()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode("utf-8", "surrogateescape"), expected
+            ):
                 return web.json_response(
                     {"error": "missing or wrong bearer token"},
                     status=401,

@@ -15,6 +15,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
 
 from rls.admin.auth import requires_token
+from rls.backends.base import BackendError
 from rls.engine.limiter import DescriptorIn, InvalidRequest
 from rls.services.convert import to_descriptors
 
@@ -57,7 +58,7 @@ async def counters(request: web.Request) -> web.Response:
         results = await state.service.limiter.query(req.domain, parsed)
     except InvalidRequest as exc:
         return _bad(str(exc))
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError, BackendError) as exc:
         return web.json_response({"error": str(exc) or "backend timeout"}, status=503)
     out = []
     for desc, limits in zip(parsed, results, strict=True):

@@ -56,6 +56,7 @@ class ConfigHolder:
         self.config: RateLimitConfig | None = None
         self.last_error: str | None = None
         self._fingerprint: Fingerprint = ()
+        self._error_files: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
     def current(self) -> RateLimitConfig | None:
@@ -71,11 +72,13 @@ class ConfigHolder:
             self.last_error = str(exc)
             self.metrics.config_loads.labels("error").inc()
             self.metrics.config_error.labels(exc.file).set(1)
+            self._error_files.add(exc.file)
             log.error("error loading new configuration: %s", exc)
             return False
         self.config = config
-        if self.last_error is not None:
-            self.metrics.config_error.clear()
+        for file in self._error_files:  # set to 0, not cleared: works in multiprocess mode too
+            self.metrics.config_error.labels(file).set(0)
+        self._error_files.clear()
         self.last_error = None
         self.metrics.config_loads.labels("success").inc()
         log.info(

@@ -97,17 +97,13 @@ class RateLimiter:
             usage = usage_ops(
                 dom.usage, settings.key_prefix, domain, [d.entries for d in descriptors], clock_ms
             )
-            if not checks and usage:
-                await self._record_usage_alone(usage, dom.usage.ttl_ms, now_ms)
         over_cache = self._over_cache
-        if checks and over_cache and over_cache.answer(checks, statuses):
-            self.metrics.count_request(domain, "OVER_LIMIT")
-            overall = OVER_LIMIT
-            if settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains:
-                overall = OK
-            return Decision(overall, statuses)
-        overall = OK
-        if checks:
+        answered_locally = bool(checks and over_cache and over_cache.answer(checks, statuses))
+        if usage and (answered_locally or not checks):
+            # Every call counts in usage, also those decided without the decision round trip.
+            await self._record_usage_alone(usage, dom.usage.ttl_ms, now_ms)
+        overall = OVER_LIMIT if answered_locally else OK
+        if checks and not answered_locally:
             outcomes = await self._decide(checks, now_ms, usage, dom)
             if outcomes is None and settings.fallback_share > 0:
                 outcomes = self._fallback.decide(checks, now_ms)

@@ -8,11 +8,13 @@ from __future__ import annotations
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import unknown_fields
 
+from rls.config.model import Unit
 from rls.engine.limiter import OK, Decision, DescriptorIn, InvalidRequest
 from rls.settings import Settings
 
 MAX_HITS = 1_000_000_000_000
 _NEGATIVE_ON_WIRE = b"\x20\x01"
+_OVERRIDE_UNITS = frozenset(u for u in Unit if u is not Unit.UNKNOWN)
 IS_NEGATIVE_HITS = 4  # RateLimitDescriptor.is_negative_hits, absent from xds-protos 1.85
 UNIT_MULTIPLIER = 3  # RateLimitDescriptor.RateLimitOverride.unit_multiplier, likewise
 
@@ -71,8 +73,10 @@ def to_descriptors(
             lim = desc.limit
             multiplier = _unknown_varint(lim, UNIT_MULTIPLIER) or 1
             override = (lim.requests_per_unit, int(lim.unit), multiplier)
-            if lim.unit == 0:
-                raise InvalidRequest(f"descriptor {i}: limit override has no unit")
+            if lim.unit not in _OVERRIDE_UNITS:
+                raise InvalidRequest(
+                    f"descriptor {i}: limit override has an invalid unit {int(lim.unit)}"
+                )
         negative = maybe_negative and bool(_unknown_varint(desc, IS_NEGATIVE_HITS))
         out.append(DescriptorIn(tuple(pairs), hits, negative, override))
     if request.hits_addend > MAX_HITS:
