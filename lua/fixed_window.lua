@@ -29,7 +29,7 @@ end
 
 local function fw_store(key, start, stop, usage, debt, now, a)
   local keep = 0
-  if a.overdraft > 0 then keep = stop - start end
+  if a.overdraft > 0 then keep = 2 * (stop - start) end  -- the next window may be longer
   redis.call('SET', key, string.format('%d:%d:%d', start, usage, debt),
     'PX', stop + keep + GRACE_MS - now)
 end

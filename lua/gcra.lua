@@ -1,36 +1,57 @@
--- GCRA (theoretical arrival time, "%.17g"); twin of Gcra in rls/engine/algorithms/buckets.py.
+-- GCRA with an exact theoretical arrival time; twin of Gcra in rls/engine/algorithms/buckets.py.
+-- Value: "<base ms>:<k hits>", TAT = base + k * window / cap. Every comparison is one division
+-- of exact integers, so ties are decided exactly and the same way as in Python.
+local function gcra_state(key, now, a)
+  local v = redis.call('GET', key)
+  if not v then return now, 0 end
+  local sep = string.find(v, ':', 1, true)
+  if not sep then return now, 0 end
+  local base = tonumber(string.sub(v, 1, sep - 1))
+  local k = tonumber(string.sub(v, sep + 1))
+  local whole = math.min(math.floor(k / a.cap), math.floor((now - base) / a.window))
+  if whole > 0 then
+    base = base + whole * a.window
+    k = k - whole * a.cap
+  end
+  if (k * a.window) / a.cap < now - base then return now, 0 end
+  return base, k
+end
+
+local function gcra_store(key, base, k, now, a)
+  local span = math.ceil((k * a.window) / math.max(a.cap, 1))
+  -- A TAT already in the past reads as an idle bucket either way; PX must stay positive.
+  redis.call('SET', key, string.format('%d:%d', base, k), 'PX',
+    string.format('%d', math.max(1, base + span + GRACE_MS - now)))
+end
+
 ALGOS[6] = {
   evaluate = function(key, now, a)
     if a.cap <= 0 or a.burst <= 0 then
-      a.st = now
+      a.st = {now, 0}
       return false, 0, 0, a.window, 0
     end
-    local interval = a.window / a.cap
-    local v = redis.call('GET', key)
-    local tat = now
-    if v then tat = math.max(tonumber(v), now) end
+    local base, k = gcra_state(key, now, a)
+    local elapsed = now - base
     local hits = a.hits
     local need = math.max(hits, 1)
-    local horizon = a.burst * interval
-    local ok = tat + need * interval - now <= horizon
-    local new_tat = tat + hits * interval
+    local over_by = k + need - a.burst
+    local ok = over_by <= 0 or (over_by * a.window) / a.cap <= elapsed
     local reset
-    if ok then reset = math.ceil(new_tat - now)
-    else reset = math.ceil(tat + need * interval - horizon - now) end
-    local uncharged = math.max(0, math.floor((horizon - (tat - now)) / interval))
-    local charged = math.max(0, math.floor((horizon - (new_tat - now)) / interval))
-    a.st = tat
-    return ok, charged, uncharged, reset, math.max(0, a.burst - uncharged)
+    if ok then reset = math.ceil(((k + hits) * a.window) / a.cap - elapsed)
+    else reset = math.ceil((over_by * a.window) / a.cap - elapsed) end
+    local room = a.burst - k + math.floor((elapsed * a.cap) / a.window)
+    local uncharged = math.min(a.burst, math.max(0, room))
+    a.st = {base, k}
+    return ok, math.max(0, uncharged - hits), uncharged, math.max(0, reset), a.burst - uncharged
   end,
   charge = function(key, now, a)
-    local tat = a.st + a.hits * (a.window / a.cap)
-    redis.call('SET', key, string.format('%.17g', tat), 'PX', math.ceil(tat) + GRACE_MS - now)
+    gcra_store(key, a.st[1], a.st[2] + a.hits, now, a)
   end,
   release = function(key, now, a)
-    local interval = a.window / math.max(a.cap, 1)
-    local tat = math.max(now, a.st - a.hits * interval)
-    redis.call('SET', key, string.format('%.17g', tat), 'PX', math.ceil(tat) + GRACE_MS - now)
-    if a.cap <= 0 or a.burst <= 0 then return 0 end
-    return math.max(0, math.floor((a.burst * interval - (tat - now)) / interval))
+    if a.cap <= 0 then return 0 end
+    local base, k = a.st[1], math.max(0, a.st[2] - a.hits)
+    gcra_store(key, base, k, now, a)
+    local room = a.burst - k + math.floor(((now - base) * a.cap) / a.window)
+    return math.min(a.burst, math.max(0, room))
   end,
 }

@@ -10,6 +10,10 @@ end
 
 ALGOS[5] = {
   evaluate = function(key, now, a)
+    if a.cap <= 0 then
+      a.st = 0
+      return false, 0, 0, a.window, 0
+    end
     local level = lb_level(key, now, a)
     local hits = a.hits
     local need = math.max(hits, 1)

@@ -1,7 +1,8 @@
 """Token bucket, leaky bucket (as a meter) and GCRA.
 
 All three allow `burst` (default requests_per_unit) at once and refill/drain at
-requests_per_unit per window. `reset` is the time until the next hit would be allowed when
+requests_per_unit per window. `requests_per_unit: 0` admits nothing, whatever the burst (as for
+every other algorithm: 0 blocks every request that adds a hit). `reset` is the time until the next hit would be allowed when
 over, and the time until the bucket is back to full capacity when within.
 Float arithmetic mirrors the Lua twins operation by operation.
 """
@@ -34,6 +35,8 @@ class TokenBucket:
         return math.ceil(missing * float(check.limit.window_ms) / float(cap))
 
     def evaluate(self, state: Bucket, now_ms: int, check: Check) -> Evaluation:
+        if check.limit.requests_per_unit <= 0:
+            return False, 0, 0, check.limit.window_ms, 0
         tokens = self._tokens(state, now_ms, check)
         hits = check.hits
         need = max(hits, 1)
@@ -76,6 +79,8 @@ class LeakyBucket:
         return math.ceil(amount * float(check.limit.window_ms) / float(cap))
 
     def evaluate(self, state: Bucket, now_ms: int, check: Check) -> Evaluation:
+        if check.limit.requests_per_unit <= 0:
+            return False, 0, 0, check.limit.window_ms, 0
         level = self._level(state, now_ms, check)
         burst = float(burst_of(check))
         hits = check.hits
@@ -103,38 +108,66 @@ class LeakyBucket:
 
 
 class Gcra:
-    """Generic cell rate algorithm: state is the theoretical arrival time (TAT) in ms."""
+    """Generic cell rate algorithm, with the theoretical arrival time kept exact.
 
-    def _tat(self, state: float | None, now_ms: int) -> float:
-        return float(now_ms) if state is None else max(state, float(now_ms))
+    TAT = base + k x interval, interval = window / requests_per_unit. Storing (base ms, k hits)
+    instead of TAT as a float keeps every comparison a single correctly-rounded division of
+    exact integers, so ties (a hit exactly at its allowed time) are decided the same way on
+    both backends and as exact arithmetic would: an absolute float TAT at today's epoch
+    milliseconds has only ~2^-12 ms of precision and turns ties into refusals. Each whole window
+    of elapsed time moves base forward and k back by requests_per_unit, keeping k small.
+    """
 
-    def evaluate(self, state: float | None, now_ms: int, check: Check) -> Evaluation:
+    def _state(self, state: tuple[int, int] | None, now_ms: int, check: Check) -> tuple[int, int]:
+        if state is None:
+            return now_ms, 0
+        base, k = state
+        cap = check.limit.requests_per_unit
+        window = check.limit.window_ms
+        whole = min(k // cap, (now_ms - base) // window)
+        if whole > 0:
+            base, k = base + whole * window, k - whole * cap
+        if float(k * window) / float(cap) < float(now_ms - base):
+            return now_ms, 0  # TAT in the past: an idle bucket starts over at now
+        return base, k
+
+    def evaluate(self, state: tuple[int, int] | None, now_ms: int, check: Check) -> Evaluation:
         cap = check.limit.requests_per_unit
         burst = burst_of(check)
         hits = check.hits
+        window = check.limit.window_ms
         if cap <= 0 or burst <= 0:
-            return False, 0, 0, check.limit.window_ms, 0
-        interval = float(check.limit.window_ms) / float(cap)
-        tat = self._tat(state, now_ms)
+            return False, 0, 0, window, 0
+        base, k = self._state(state, now_ms, check)
+        elapsed = float(now_ms - base)
         need = max(hits, 1)
-        horizon = float(burst) * interval
-        ok = tat + float(need) * interval - float(now_ms) <= horizon
-        new_tat = tat + float(hits) * interval
+        over_by = k + need - burst  # hits past the horizon if taken now
+        ok = over_by <= 0 or float(over_by * window) / float(cap) <= elapsed
         if ok:
-            reset = math.ceil(new_tat - float(now_ms))
+            reset = math.ceil(float((k + hits) * window) / float(cap) - elapsed)
         else:
-            reset = math.ceil(tat + float(need) * interval - horizon - float(now_ms))
-        uncharged = max(0, math.floor((horizon - (tat - float(now_ms))) / interval))
-        charged = max(0, math.floor((horizon - (new_tat - float(now_ms))) / interval))
-        return ok, charged, uncharged, reset, max(0, burst - uncharged)
+            reset = math.ceil(float(over_by * window) / float(cap) - elapsed)
+        room = burst - k + math.floor(float((now_ms - base) * cap) / float(window))
+        uncharged = min(burst, max(0, room))
+        return ok, max(0, uncharged - hits), uncharged, max(0, reset), burst - uncharged
 
-    def charge(self, state: float | None, now_ms: int, check: Check) -> tuple[float, int]:
-        interval = float(check.limit.window_ms) / float(check.limit.requests_per_unit)
-        tat = self._tat(state, now_ms) + float(check.hits) * interval
-        return tat, math.ceil(tat) + GRACE_MS
+    def charge(
+        self, state: tuple[int, int] | None, now_ms: int, check: Check
+    ) -> tuple[tuple[int, int], int]:
+        base, k = self._state(state, now_ms, check)
+        k += check.hits
+        return (base, k), base + self._span(k, check) + GRACE_MS
 
-    def release(self, state: float | None, now_ms: int, check: Check) -> tuple[float, int]:
-        cap = check.limit.requests_per_unit
-        interval = float(check.limit.window_ms) / float(max(cap, 1))
-        tat = max(float(now_ms), self._tat(state, now_ms) - float(check.hits) * interval)
-        return tat, math.ceil(tat) + GRACE_MS
+    def release(
+        self, state: tuple[int, int] | None, now_ms: int, check: Check
+    ) -> tuple[tuple[int, int], int]:
+        if check.limit.requests_per_unit <= 0:
+            return (now_ms, 0), now_ms + GRACE_MS
+        base, k = self._state(state, now_ms, check)
+        k = max(0, k - check.hits)
+        return (base, k), base + self._span(k, check) + GRACE_MS
+
+    def _span(self, k: int, check: Check) -> int:
+        return math.ceil(
+            float(k * check.limit.window_ms) / float(max(check.limit.requests_per_unit, 1))
+        )

@@ -48,7 +48,9 @@ class FixedWindow:
     def _store(
         self, start: int, end: int, usage: int, debt: int, check: Check
     ) -> tuple[State, int]:
-        keep = end - start if check.limit.overdraft > 0 else 0  # debt must outlive the window
+        # Debt must outlive the window by the whole next one, which may be longer (a calendar
+        # month after February, a 25-hour day): twice this window covers every case.
+        keep = 2 * (end - start) if check.limit.overdraft > 0 else 0
         return (start, usage, debt), end + keep + GRACE_MS
 
     def charge(self, state: State, now_ms: int, check: Check) -> tuple[State, int]:

@@ -1,0 +1,1 @@
+"""Algorithm tests: reference models, differential replays, properties, multi-process."""
