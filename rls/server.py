@@ -91,7 +91,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
 
     handlers = [app.service.handler()]
     cache = None
-    max_message = settings.max_request_bytes
+    # grpc's own cap sits above ours, so an oversized request gets rls's INVALID_ARGUMENT with
+    # a message rather than grpc's RESOURCE_EXHAUSTED; beyond it grpc still protects memory.
+    max_message = settings.max_request_bytes * 4 + 65536
     if settings.cache_config:
         try:
             extproc, cache = build_cache(

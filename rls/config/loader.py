@@ -59,34 +59,59 @@ def load_files(
     """Build a config from (file name, text) pairs; raises ConfigError naming the bad file."""
     config = RateLimitConfig()
     for file, text in files:
-        doc = parse_yaml(file, text)
-        if doc is not None and not isinstance(doc, dict):
-            raise ConfigError(file, "error loading config file: yaml: document must be a map")
-        doc = doc or {}
-        check_keys(file, doc)
-        domain_name = as_str(file, doc.get("domain"), "domain")
-        if not domain_name:
-            raise ConfigError(file, "config file cannot have empty domain")
-        domain = config.domains.get(domain_name)
-        if domain is None:
-            domain = Domain(name=domain_name, root=Level())
-            config.domains[domain_name] = domain
-        elif not merge_domains:
-            raise ConfigError(file, f"duplicate domain '{domain_name}' in config file")
-        domain.files.append(file)
-        mode = as_str(file, doc.get("failure_mode"), "failure_mode")
-        if mode:
-            if mode not in ("allow", "deny"):
-                raise ConfigError(file, f"failure_mode must be 'allow' or 'deny', not '{mode}'")
-            domain.failure_mode = mode
-        usage = parse_usage_stats(file, doc.get("usage_stats"))
-        if usage is not None:
-            domain.usage = usage
-        DomainParser(file, domain_name).add_descriptors(
-            domain.root, doc.get("descriptors"), domain_name
-        )
-        config.files.append(file)
+        try:
+            _load_file(config, file, text, merge_domains)
+        except RecursionError:
+            # Deep or self-referencing (YAML anchor) descriptor trees.
+            raise ConfigError(
+                file, "config error, nesting too deep (or a YAML anchor that contains itself)"
+            ) from None
     return config
+
+
+MAX_DEPTH = 64  # descriptor levels; deeper trees are rejected before recursion gets near limits
+
+
+def _load_file(config: RateLimitConfig, file: str, text: str, merge_domains: bool) -> None:
+    doc = parse_yaml(file, text)
+    if doc is not None and not isinstance(doc, dict):
+        raise ConfigError(file, "error loading config file: yaml: document must be a map")
+    doc = doc or {}
+    _check_depth(file, doc.get("descriptors"), 1)
+    check_keys(file, doc)
+    domain_name = as_str(file, doc.get("domain"), "domain")
+    if not domain_name:
+        raise ConfigError(file, "config file cannot have empty domain")
+    domain = config.domains.get(domain_name)
+    if domain is None:
+        domain = Domain(name=domain_name, root=Level())
+        config.domains[domain_name] = domain
+    elif not merge_domains:
+        raise ConfigError(file, f"duplicate domain '{domain_name}' in config file")
+    domain.files.append(file)
+    mode = as_str(file, doc.get("failure_mode"), "failure_mode")
+    if mode:
+        if mode not in ("allow", "deny"):
+            raise ConfigError(file, f"failure_mode must be 'allow' or 'deny', not '{mode}'")
+        domain.failure_mode = mode
+    usage = parse_usage_stats(file, doc.get("usage_stats"))
+    if usage is not None:
+        domain.usage = usage
+    DomainParser(file, domain_name).add_descriptors(
+        domain.root, doc.get("descriptors"), domain_name
+    )
+    config.files.append(file)
+
+
+def _check_depth(file: str, items: object, depth: int) -> None:
+    """Reject descriptor trees deeper than MAX_DEPTH (and self-referencing ones via anchors)."""
+    if not isinstance(items, list):
+        return
+    if depth > MAX_DEPTH:
+        raise ConfigError(file, f"config error, descriptors nested deeper than {MAX_DEPTH}")
+    for item in items:
+        if isinstance(item, dict) and item.get("descriptors") is not items:
+            _check_depth(file, item.get("descriptors"), depth + 1)
 
 
 def read_text(file: str) -> str:

@@ -36,6 +36,10 @@ UNIT_SECONDS: dict[Unit, int] = {
     Unit.YEAR: 31536000,
 }
 
+# Longest window a limit may have (unit x unit_multiplier): 100 years. Keeps every time value
+# well inside exact float and int64 range on both backends.
+MAX_WINDOW_SECONDS = 100 * 365 * 86400
+
 ALGORITHMS = (
     "fixed_window",
     "sliding_window",

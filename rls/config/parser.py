@@ -13,7 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rls.config.errors import ConfigError
-from rls.config.model import ALGORITHMS, UNIT_SECONDS, Level, Limit, Node, Unit
+from rls.config.model import ALGORITHMS, MAX_WINDOW_SECONDS, UNIT_SECONDS, Level, Limit, Node, Unit
 from rls.config.yaml_source import (
     YamlBool,
     as_bool,
@@ -225,6 +225,8 @@ class DomainParser:
         multiplier = 1 if multiplier is None else as_uint(f, multiplier, "unit_multiplier")
         if multiplier < 1:
             raise self.fail(f"'{path}': unit_multiplier must be at least 1")
+        if unit in UNIT_SECONDS and UNIT_SECONDS[unit] * multiplier > MAX_WINDOW_SECONDS:
+            raise self.fail(f"'{path}': unit x unit_multiplier is longer than 100 years")
         burst = spec.get("burst")
         burst = None if burst is None else as_uint(f, burst, "burst")
         overdraft = as_uint(f, spec.get("overdraft"), "overdraft")

@@ -96,8 +96,12 @@ class ConfigHolder:
     async def watch(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            if self.changed():
-                self.reload()
+            try:
+                if self.changed():
+                    self.reload()
+            except Exception:  # a reload bug must never stop reloading for good
+                log.exception("config reload failed unexpectedly; keeping the old config")
+                self.metrics.config_loads.labels("error").inc()
 
     def start(self, interval: float) -> None:
         if self._task is None and interval > 0:

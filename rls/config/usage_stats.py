@@ -22,7 +22,7 @@ def parse_usage_stats(file: str, raw: Any) -> UsageConfig | None:
         raise fail("must be a map")
     unknown = set(raw) - {"days", "timezone", "calls", "distinct"}
     if unknown:
-        raise fail(f"unknown key '{sorted(unknown)[0]}'")
+        raise fail(f"unknown key '{sorted(map(str, unknown))[0]}'")
     days = raw.get("days", 7)
     if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= 3660:
         raise fail("days must be a whole number from 1 to 3660")

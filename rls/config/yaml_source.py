@@ -75,6 +75,11 @@ def parse_yaml(file: str, text: str) -> Any:
         return None
     except yaml.YAMLError as exc:
         raise ConfigError(file, f"error loading config file: {_yaml_error(exc)}") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        # PyYAML's constructors raise plain errors for bad tagged scalars (`!!int x`).
+        raise ConfigError(file, f"error loading config file: yaml: bad scalar: {exc}") from None
+    except RecursionError:
+        raise ConfigError(file, "error loading config file: yaml: nested too deeply") from None
 
 
 def _yaml_error(exc: yaml.YAMLError) -> str:

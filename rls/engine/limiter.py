@@ -105,6 +105,7 @@ class RateLimiter:
         overall = OVER_LIMIT if answered_locally else OK
         if checks and not answered_locally:
             outcomes = await self._decide(checks, now_ms, usage, dom)
+            from_backend = outcomes is not None
             if outcomes is None and settings.fallback_share > 0:
                 outcomes = self._fallback.decide(checks, now_ms)
             if outcomes is None:
@@ -113,8 +114,8 @@ class RateLimiter:
                 self.metrics.count_request(domain, _CODE[overall])
                 return Decision(overall, statuses)
             overall = self._report(checks, outcomes, statuses)
-            if over_cache is not None and overall == OVER_LIMIT:
-                over_cache.remember(checks, outcomes)
+            if over_cache is not None and overall == OVER_LIMIT and from_backend:
+                over_cache.remember(checks, outcomes)  # never a fallback (local-share) verdict
         if overall == OVER_LIMIT and (
             settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains
         ):

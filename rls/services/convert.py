@@ -8,7 +8,7 @@ from __future__ import annotations
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import unknown_fields
 
-from rls.config.model import Unit
+from rls.config.model import MAX_WINDOW_SECONDS, UNIT_SECONDS, Unit
 from rls.engine.limiter import OK, Decision, DescriptorIn, InvalidRequest
 from rls.settings import Settings
 
@@ -17,6 +17,14 @@ _NEGATIVE_ON_WIRE = b"\x20\x01"
 _OVERRIDE_UNITS = frozenset(u for u in Unit if u is not Unit.UNKNOWN)
 IS_NEGATIVE_HITS = 4  # RateLimitDescriptor.is_negative_hits, absent from xds-protos 1.85
 UNIT_MULTIPLIER = 3  # RateLimitDescriptor.RateLimitOverride.unit_multiplier, likewise
+
+
+def _too_long(text: str, max_bytes: int) -> bool:
+    """UTF-8 length above max_bytes; encodes only when the character count can't tell."""
+    n = len(text)
+    if n * 4 <= max_bytes:
+        return False
+    return n > max_bytes or len(text.encode()) > max_bytes
 
 
 def _unknown_varint(message: object, number: int) -> int | None:
@@ -45,8 +53,8 @@ def to_descriptors(
             f"too many descriptors: {len(descriptors)} > {settings.max_descriptors}"
         )
     max_len = settings.max_value_bytes
-    if len(request.domain) > max_len:
-        raise InvalidRequest(f"domain longer than {max_len} characters")
+    if _too_long(request.domain, max_len):
+        raise InvalidRequest(f"domain longer than {max_len} bytes")
     out: list[DescriptorIn] = []
     for i, desc in enumerate(descriptors):
         entries = desc.entries
@@ -60,8 +68,8 @@ def to_descriptors(
             value = entry.value
             if not key:
                 raise InvalidRequest(f"descriptor {i}: entry key must not be empty")
-            if len(key) > max_len or len(value) > max_len:
-                raise InvalidRequest(f"descriptor {i}: entry longer than {max_len} characters")
+            if _too_long(key, max_len) or _too_long(value, max_len):
+                raise InvalidRequest(f"descriptor {i}: entry longer than {max_len} bytes")
             pairs.append((key, value))
         hits = None
         if desc.HasField("hits_addend"):
@@ -76,6 +84,10 @@ def to_descriptors(
             if lim.unit not in _OVERRIDE_UNITS:
                 raise InvalidRequest(
                     f"descriptor {i}: limit override has an invalid unit {int(lim.unit)}"
+                )
+            if UNIT_SECONDS[Unit(lim.unit)] * multiplier > MAX_WINDOW_SECONDS:
+                raise InvalidRequest(
+                    f"descriptor {i}: limit override window longer than 100 years"
                 )
         negative = maybe_negative and bool(_unknown_varint(desc, IS_NEGATIVE_HITS))
         out.append(DescriptorIn(tuple(pairs), hits, negative, override))

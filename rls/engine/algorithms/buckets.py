@@ -2,8 +2,8 @@
 
 All three allow `burst` (default requests_per_unit) at once and refill/drain at
 requests_per_unit per window. `requests_per_unit: 0` admits nothing, whatever the burst (as for
-every other algorithm: 0 blocks every request that adds a hit). `reset` is the time until the next hit would be allowed when
-over, and the time until the bucket is back to full capacity when within.
+every other algorithm: 0 blocks every request that adds a hit). `reset` is the time until the
+next hit would be allowed when over, and the time until the bucket is full again when within.
 Float arithmetic mirrors the Lua twins operation by operation.
 """
 
