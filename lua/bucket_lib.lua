@@ -2,10 +2,9 @@
 -- Bucket value: "<tokens or level %.17g>:<last ms>". Float arithmetic in the same order as
 -- rls/engine/algorithms/buckets.py so both give bit-identical answers.
 local function bk_read(key)
-  local v = redis.call('GET', key)
-  if not v then return nil, nil end
-  local s1 = string.find(v, ':', 1, true)
-  return tonumber(string.sub(v, 1, s1 - 1)), tonumber(string.sub(v, s1 + 1))
+  local f = read_fields(key)
+  if not f or #f ~= 2 then return nil, nil end
+  return f[1], f[2]
 end
 
 local function bk_time(amount, a)

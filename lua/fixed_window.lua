@@ -9,19 +9,13 @@ end
 local function fw_read(key, now, a)
   local start, stop, prev = fw_bounds(now, a)
   local usage, debt = 0, 0
-  local v = redis.call('GET', key)
-  if v then
-    local s1 = string.find(v, ':', 1, true)
-    local s2 = s1 and string.find(v, ':', s1 + 1, true)
-    if s2 then
-      local ws = tonumber(string.sub(v, 1, s1 - 1))
-      local u = tonumber(string.sub(v, s1 + 1, s2 - 1))
-      if ws == start then
-        usage, debt = u, tonumber(string.sub(v, s2 + 1))
-      elseif ws == prev and a.overdraft > 0 then
-        debt = math.max(0, u - a.cap)
-        usage = debt
-      end
+  local f = read_fields(key)
+  if f and #f == 3 then
+    if f[1] == start then
+      usage, debt = f[2], f[3]
+    elseif f[1] == prev and a.overdraft > 0 then
+      debt = math.max(0, f[2] - a.cap)
+      usage = debt
     end
   end
   return start, stop, usage, debt

@@ -2,12 +2,9 @@
 -- Value: "<base ms>:<k hits>", TAT = base + k * window / cap. Every comparison is one division
 -- of exact integers, so ties are decided exactly and the same way as in Python.
 local function gcra_state(key, now, a)
-  local v = redis.call('GET', key)
-  if not v then return now, 0 end
-  local sep = string.find(v, ':', 1, true)
-  if not sep then return now, 0 end
-  local base = tonumber(string.sub(v, 1, sep - 1))
-  local k = tonumber(string.sub(v, sep + 1))
+  local f = read_fields(key)
+  if not f or #f ~= 2 then return now, 0 end
+  local base, k = f[1], f[2]
   local whole = math.min(math.floor(k / a.cap), math.floor((now - base) / a.window))
   if whole > 0 then
     base = base + whole * a.window

@@ -3,18 +3,12 @@
 local function sw_read(key, now, window)
   local start = now - now % window
   local cur, prev = 0, 0
-  local v = redis.call('GET', key)
-  if v then
-    local s1 = string.find(v, ':', 1, true)
-    local s2 = s1 and string.find(v, ':', s1 + 1, true)
-    if s2 then
-      local ws = tonumber(string.sub(v, 1, s1 - 1))
-      if ws == start then
-        cur = tonumber(string.sub(v, s1 + 1, s2 - 1))
-        prev = tonumber(string.sub(v, s2 + 1))
-      elseif ws == start - window then
-        prev = tonumber(string.sub(v, s1 + 1, s2 - 1))
-      end
+  local f = read_fields(key)
+  if f and #f == 3 then
+    if f[1] == start then
+      cur, prev = f[2], f[3]
+    elseif f[1] == start - window then
+      prev = f[2]
     end
   end
   return start, cur, prev

@@ -11,6 +11,7 @@ from importlib import resources
 
 # Libraries first, then one file per algorithm, each registering its id in ALGOS.
 ALGORITHM_FILES = (
+    "values.lua",
     "bucket_lib.lua",
     "log_lib.lua",
     "fixed_window.lua",
