@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 
 from rls.config.errors import ConfigError
-from rls.config.loader import discover, load_paths
+from rls.config.loader import load_paths, yaml_files_under
 from rls.config.model import RateLimitConfig
 from rls.metrics import Metrics
 
@@ -25,11 +25,14 @@ Fingerprint = tuple[tuple[str, str, int, int, int], ...]
 
 
 def fingerprint(paths: list[str]) -> Fingerprint:
+    """What the files look like on disk (stat only: this runs every reload interval)."""
     items = []
-    try:
-        files = discover(paths)
-    except ConfigError:
-        files = []
+    files: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            files += yaml_files_under(path)
+        else:
+            files.append(path)
     for file in files:
         try:
             st = os.stat(file)
