@@ -46,15 +46,6 @@ class MemoryBackend:
     async def healthy(self) -> bool:
         return True
 
-    def _state(self, key: str, now_ms: int) -> Any:
-        entry = self._data.get(key)
-        if entry is None:
-            return None
-        if entry[1] < now_ms:
-            del self._data[key]
-            return None
-        return entry[0]
-
     async def decide(
         self,
         checks: Sequence[Check],
@@ -103,29 +94,39 @@ class MemoryBackend:
     ) -> Verdict:
         if now_ms is None:
             now_ms = int(self._clock() * 1000)
-        states = []
-        evals = []
+        data = self._data
+        rows = []
+        flagged = False
+        all_ok = True
         for check in checks:
-            state = self._state(check.key, now_ms)
-            states.append(state)
+            entry = data.get(check.key)
+            # An expired entry reads as absent (the sweeper deletes it later).
+            state = None if entry is None or entry[1] < now_ms else entry[0]
             algo = ALGORITHMS[check.limit.algorithm]
-            evals.append(algo.evaluate(state, now_ms, check))
-        flags = [c.flags for c in checks]
-        admitted, selected = admit(flags, [e[0] for e in evals])
+            ev = algo.evaluate(state, now_ms, check)
+            rows.append((check, state, algo, ev))
+            if check.flags:
+                flagged = True
+            if not ev[0]:
+                all_ok = False
+        if flagged:
+            admitted, selected = admit([c.flags for c in checks], [r[3][0] for r in rows])
+        else:  # no shadow, quota, release or charge-always: all or nothing
+            admitted = all_ok
+            selected = [all_ok] * len(rows)
         if not charge:
-            selected = [False] * len(checks)
+            selected = [False] * len(rows)
         outcomes = []
-        for check, state, ev, do_charge in zip(checks, states, evals, selected, strict=True):
+        for (check, state, algo, ev), do_charge in zip(rows, selected, strict=True):
             ok, rem_charged, rem_uncharged, reset, used = ev
             if do_charge:
-                algo = ALGORITHMS[check.limit.algorithm]
                 if check.flags & NEGATIVE:
                     new_state, expires = algo.release(state, now_ms, check)
                     rem_charged = _remaining_after_release(algo, new_state, now_ms, check)
                     ok = True
                 else:
                     new_state, expires = algo.charge(state, now_ms, check)
-                self._data[check.key] = (new_state, expires)
+                data[check.key] = (new_state, expires)
                 outcomes.append(Outcome(ok, True, rem_charged, reset, used))
             else:
                 outcomes.append(Outcome(ok, False, rem_uncharged if ok else 0, reset, used))
