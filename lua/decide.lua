@@ -5,8 +5,9 @@
 -- ARGV[1]: now in ms, or '' to use Redis TIME (one clock for all replicas).
 -- ARGV[2]: mode. 'd' decide and charge; 'e' evaluate only (no charge); 'a' / 'r' charge as if
 --   the request was admitted / rejected (Cluster: the admission was decided across slots).
--- ARGV[3 + (i-1)*10 ..]: algorithm id, flags, hits, limit, window ms, burst, overdraft,
---   calendar window start, end, previous start (0 0 0 for epoch-aligned windows).
+-- ARGV[3]: the checks' parameters, 10 numbers per check, all joined by ',' (one argument: each
+--   argument costs the client an encoding step): algorithm id, flags, hits, limit, window ms,
+--   burst, overdraft, calendar window start, end, previous start (0 0 0 for epoch windows).
 -- Returns {admitted, then per check: ok, charged, remaining, reset ms, used}.
 local SHADOW, QUOTA, CHARGE_ALWAYS, NEGATIVE = 1, 2, 4, 8
 local STRIDE = 10
@@ -20,16 +21,18 @@ else
 end
 
 local mode = ARGV[2]
+local p = {}
+for field in string.gmatch(ARGV[3], '[^,]+') do p[#p + 1] = tonumber(field) end
 local n = #KEYS
 local args, res = {}, {}
 local admitted, quota_seen, quota_room = true, false, false
 for i = 1, n do
-  local b = 3 + (i - 1) * STRIDE
+  local b = 1 + (i - 1) * STRIDE
   local a = {
-    algo = ALGOS[tonumber(ARGV[b])], flags = tonumber(ARGV[b + 1]), hits = tonumber(ARGV[b + 2]),
-    cap = tonumber(ARGV[b + 3]), window = tonumber(ARGV[b + 4]),
-    burst = tonumber(ARGV[b + 5]), overdraft = tonumber(ARGV[b + 6]),
-    start = tonumber(ARGV[b + 7]), stop = tonumber(ARGV[b + 8]), prev = tonumber(ARGV[b + 9]),
+    algo = ALGOS[p[b]], flags = p[b + 1], hits = p[b + 2],
+    cap = p[b + 3], window = p[b + 4],
+    burst = p[b + 5], overdraft = p[b + 6],
+    start = p[b + 7], stop = p[b + 8], prev = p[b + 9],
   }
   a.ok, a.rem_charged, a.rem_uncharged, a.reset, a.used = a.algo.evaluate(KEYS[i], now, a)
   args[i] = a

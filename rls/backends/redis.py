@@ -36,8 +36,6 @@ from rls.engine.algorithms import ALGORITHM_IDS
 from rls.engine.model import Check, Outcome, Verdict
 from rls.engine.usage import UsageOp
 
-_EPOCH = (0, 0, 0)
-
 
 def _verdict(res: list[Any]) -> Verdict:
     outcomes = [
@@ -289,20 +287,17 @@ class RedisBackend:
     def _script_args(
         self, checks: Sequence[Check], now_ms: int | None, mode: str
     ) -> tuple[list[str], list[Any]]:
-        args: list[Any] = ["" if now_ms is None else now_ms, mode]
+        """KEYS and ARGV for lua/decide.lua; all checks' numbers travel in one argument."""
+        params = []
         for c in checks:
             lim = c.limit
-            args += [
-                ALGORITHM_IDS[lim.algorithm],
-                c.flags,
-                c.hits,
-                lim.requests_per_unit,
-                lim.window_ms,
-                lim.burst if lim.burst is not None else lim.requests_per_unit,
-                lim.overdraft,
-                *(c.bounds or _EPOCH),
-            ]
-        return [c.key for c in checks], args
+            bounds = c.bounds
+            params.append(
+                f"{ALGORITHM_IDS[lim.algorithm]},{c.flags},{c.hits},{lim.script_params},"
+                + (f"{bounds[0]},{bounds[1]},{bounds[2]}" if bounds else "0,0,0")
+            )
+        now = "" if now_ms is None else str(now_ms)
+        return [c.key for c in checks], [now, mode, ",".join(params)]
 
     async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
         keys, args = self._script_args(checks, now_ms, mode)

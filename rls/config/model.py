@@ -80,10 +80,16 @@ class Limit:
     window_ms: int = 0
     # Per-limit metric children, attached lazily by rls.metrics (kept here to avoid lookups).
     stats: Any = None
+    # "limit,window ms,burst,overdraft": this limit's part of the Redis script parameters.
+    script_params: str = ""
 
     def __post_init__(self) -> None:
         if self.unit in UNIT_SECONDS:
             self.window_ms = UNIT_SECONDS[self.unit] * 1000 * max(1, self.unit_multiplier)
+        burst = self.burst if self.burst is not None else self.requests_per_unit
+        self.script_params = (
+            f"{self.requests_per_unit},{self.window_ms},{burst},{self.overdraft}"
+        )
         if not self.ident:
             self.ident = f"{_ALGO_TAG[self.algorithm]}{self.window_ms // 1000}"
             if self.calendar:
