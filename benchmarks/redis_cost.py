@@ -1,0 +1,309 @@
+"""Redis cost per decision and per counter: every rls algorithm next to envoyproxy/ratelimit.
+
+Commands (INFO commandstats diff around N decisions, after CONFIG RESETSTAT):
+- `sent`: commands the client sent per decision (for rls: EVALSHA calls = round trips);
+- `inside`: commands run by the Lua script per decision (everything else commandstats counts),
+  with the breakdown by command;
+- `redis µs`: time Redis spent executing the sent commands per decision (commandstats usec; a
+  script's time includes the commands it runs) — the store's CPU cost, noisy on a busy machine.
+Decisions go through the real engine (`RateLimiter` + `RedisBackend`), for a 1-descriptor and
+the 3-descriptor request (user+path, api+user, remote_address), in the steady state (100 users
+cycling, so keys exist), allowed (limit never reached) and over limit (1 per hour; rls answers
+keys it knows to be over from its local cache, without Redis).
+
+envoyproxy/ratelimit's scheme, emulated: per descriptor `INCRBY key hits` + `EXPIRE key unit`,
+all descriptors of a request in one pipeline, key `domain_k1_v1_..._kn_vn_<window start>`.
+
+Log scaling: sliding_log and concurrency keep one sorted-set entry per hit (or lease) in the
+window; the third table is the Redis time per decision with 10 … 5,000 entries already in the
+log (filled with ZADD), which shows how the script's cost grows with the log.
+
+Bytes per counter: `MEMORY USAGE key SAMPLES 0` of the counter of descriptor
+(user=alice, path=/items?page=1) after 1 hit and after 100 hits in the window (only the logs,
+sliding_log and concurrency, grow with hits).
+
+    python benchmarks/redis_cost.py [--quick] [--decisions 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from _common import DESCRIPTORS, HIGH, start_redis, table, workdir, write_results
+
+ALGORITHMS = ("fixed_window", "sliding_window", "sliding_log", "token_bucket", "leaky_bucket",
+              "gcra", "concurrency")
+DOMAIN = "gateway"
+ONE = DESCRIPTORS[:1]
+CLIENT_COMMANDS = {"evalsha", "eval", "evalsha_ro", "eval_ro"}
+IGNORED = ("info", "config", "ping", "script", "client", "hello", "memory", "flushall", "select",
+           "command")
+
+
+def config_text(domain: str, algorithm: str, limit: int, unit: str) -> str:
+    rl = f"{{unit: {unit}, requests_per_unit: {limit}, algorithm: {algorithm}}}"
+    return f"""\
+domain: {domain}
+descriptors:
+  - key: user
+    descriptors:
+      - key: path
+        rate_limit: {rl}
+  - key: api
+    value: items
+    descriptors:
+      - key: user
+        rate_limit: {rl}
+  - key: remote_address
+    rate_limit: {rl}
+"""
+
+
+def commandstats(client: Any) -> dict[str, tuple[int, int]]:
+    """command -> (calls, total µs) since CONFIG RESETSTAT."""
+    info = client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for k, v in info.items()}
+
+
+def split_counts(stats: dict[str, tuple[int, int]], n: int
+                 ) -> tuple[float, float, dict[str, float], float]:
+    """(sent, inside, inside by command, Redis µs) per decision. Redis µs = time Redis spent
+    executing the commands the client sent (a script's time includes what it runs)."""
+    sent = sum(c for k, (c, _) in stats.items() if k in CLIENT_COMMANDS)
+    usec = sum(u for k, (_, u) in stats.items() if k in CLIENT_COMMANDS)
+    inside = {k: c / n for k, (c, _) in stats.items()
+              if k not in CLIENT_COMMANDS and not k.startswith(IGNORED)}
+    return sent / n, sum(inside.values()), inside, usec / n
+
+
+def breakdown(inside: dict[str, float]) -> str:
+    return " ".join(f"{k.upper()} x{v:.3g}" for k, v in sorted(inside.items(), key=lambda x: -x[1]))
+
+
+async def rls_costs(url: str, client: Any, algorithm: str, n: int) -> list[dict[str, Any]]:
+    from rls.backends.redis import RedisBackend
+    from rls.config.loader import load_files
+    from rls.engine.limiter import DescriptorIn, RateLimiter
+    from rls.metrics import Metrics
+    from rls.settings import Settings
+
+    rows = []
+    cases = [("allowed", HIGH, "minute", True), ("over limit", 1, "hour", True)]
+    settings_probe = Settings()
+    if hasattr(settings_probe, "local_cache"):
+        cases.append(("over, no local cache", 1, "hour", False))
+    for case, limit, unit, local_cache in cases:
+        config = load_files([("c.yaml", config_text(DOMAIN, algorithm, limit, unit))])
+        # A generous deadline: a call answered by the failure mode would not reach Redis.
+        settings = Settings(backend_timeout_ms=5000)
+        if hasattr(settings, "local_cache"):
+            settings.local_cache = local_cache
+        backend = RedisBackend(url, timeout_ms=5000)
+        await backend.start()
+        metrics = Metrics()
+        limiter = RateLimiter(lambda c=config: c, backend, settings, metrics)
+        for label, descs in (("1 descriptor", ONE), ("3 descriptors", DESCRIPTORS)):
+            client.flushall()
+            users = [f"user{i}" for i in range(100)]
+
+            def request(u: str, descs: tuple = descs) -> list[DescriptorIn]:
+                return [DescriptorIn(tuple((k, u if k == "user" else v) for k, v in e))
+                        for e in descs]
+
+            # Steady state, not first hits: every key exists (and, over limit, every key is
+            # already known to be over where rls caches that) before counting starts.
+            for _ in range(2):
+                for u in users:
+                    await limiter.should_rate_limit(DOMAIN, request(u))
+            client.config_resetstat()
+            codes: dict[int, int] = {}
+            for i in range(n):
+                d = await limiter.should_rate_limit(DOMAIN, request(users[i % len(users)]))
+                codes[d.overall] = codes.get(d.overall, 0) + 1
+            expect = 1 if case == "allowed" else 2
+            if codes != {expect: n}:  # (the first pass made every user over limit)
+                raise RuntimeError(f"{algorithm} {case}: overall codes {codes}, expected {expect}")
+            sent, inside, parts, usec = split_counts(commandstats(client), n)
+            failed = sum(s.value for m in metrics.registry.collect() for s in m.samples
+                         if s.name == "rls_backend_errors_total")
+            if failed:
+                raise RuntimeError(f"{algorithm} {case}: {failed:.0f} backend errors")
+            rows.append({"scheme": f"rls {algorithm}", "case": case, "request": label,
+                         "round_trips": sent, "sent": sent, "inside": inside,
+                         "inside_breakdown": parts, "redis_us": round(usec, 1)})
+        await backend.close()
+    return rows
+
+
+async def rls_bytes(url: str, client: Any, algorithm: str) -> dict[str, Any]:
+    from rls.backends.redis import RedisBackend
+    from rls.config.loader import load_files
+    from rls.engine.limiter import DescriptorIn, RateLimiter
+    from rls.metrics import Metrics
+    from rls.settings import Settings
+
+    config = load_files([("c.yaml", config_text(DOMAIN, algorithm, HIGH, "minute"))])
+    backend = RedisBackend(url, timeout_ms=5000)
+    limiter = RateLimiter(lambda: config, backend, Settings(backend_timeout_ms=5000), Metrics())
+    client.flushall()
+    req = [DescriptorIn(ONE[0])]
+    await limiter.should_rate_limit(DOMAIN, req)
+    keys = [k.decode() for k in client.keys("*")]
+    if len(keys) != 1:
+        raise RuntimeError(f"{algorithm}: expected one counter key, found {keys}")
+    key = keys[0]
+    one = client.memory_usage(key, samples=0)
+    for _ in range(99):
+        await limiter.should_rate_limit(DOMAIN, req)
+    hundred = client.memory_usage(key, samples=0)
+    await backend.close()
+    kind = client.type(key).decode()
+    return {"scheme": f"rls {algorithm}", "key": key, "key_bytes": len(key.encode()),
+            "value": repr(client.get(key)) if kind == "string" else kind,
+            "bytes_1_hit": one, "bytes_100_hits": hundred}
+
+
+async def log_scaling(url: str, client: Any, algorithm: str, sizes: tuple[int, ...],
+                      n: int) -> list[dict[str, Any]]:
+    """Redis µs per decision of a log-based algorithm against the entries already in the log.
+
+    The log is filled directly with ZADD (members `<seq>:1`, scored now) so that large logs
+    are quick to build; then `n` decisions are timed with commandstats.
+    """
+    from rls.backends.redis import RedisBackend
+    from rls.config.loader import load_files
+    from rls.engine.limiter import DescriptorIn, RateLimiter
+    from rls.metrics import Metrics
+    from rls.settings import Settings
+
+    config = load_files([("c.yaml", config_text(DOMAIN, algorithm, HIGH, "minute"))])
+    backend = RedisBackend(url, timeout_ms=30_000)
+    limiter = RateLimiter(lambda: config, backend, Settings(backend_timeout_ms=30_000),
+                          Metrics())
+    req = [DescriptorIn(ONE[0])]
+    rows = []
+    for size in sizes:
+        client.flushall()
+        await limiter.should_rate_limit(DOMAIN, req)
+        (key,) = client.keys("*")
+        sec, usec = client.time()
+        now_ms = sec * 1000 + usec // 1000
+        pipe = client.pipeline(transaction=False)
+        for seq in range(10**6, 10**6 + size):
+            pipe.zadd(key, {f"{seq}:1": now_ms})
+        pipe.execute()
+        client.config_resetstat()
+        for _ in range(n):
+            await limiter.should_rate_limit(DOMAIN, req)
+        stats = commandstats(client)
+        usec_total = sum(u for k, (_, u) in stats.items() if k in CLIENT_COMMANDS)
+        rows.append({"algorithm": algorithm, "entries": size,
+                     "redis_us_per_decision": round(usec_total / n, 1)})
+    await backend.close()
+    return rows
+
+
+def reference_key(descriptor: tuple[tuple[str, str], ...], window_start: int) -> str:
+    return "_".join([DOMAIN, *(f"{k}_{v}" for k, v in descriptor), str(window_start)])
+
+
+def reference_costs(client: Any, n: int) -> list[dict[str, Any]]:
+    """envoyproxy/ratelimit: INCRBY + EXPIRE per descriptor, one pipeline per request."""
+    rows = []
+    for label, descs in (("1 descriptor", ONE), ("3 descriptors", DESCRIPTORS)):
+        client.flushall()
+        client.config_resetstat()
+        users = [f"user{i}" for i in range(100)]
+        for i in range(n):
+            u = users[i % len(users)]
+            start = int(time.time()) // 60 * 60
+            pipe = client.pipeline(transaction=False)
+            for e in descs:
+                key = reference_key(tuple((k, u if k == "user" else v) for k, v in e), start)
+                pipe.incrby(key, 1)
+                pipe.expire(key, 60)
+            pipe.execute()
+        stats = commandstats(client)
+        sent = sum(c for k, (c, _) in stats.items() if not k.startswith(IGNORED)) / n
+        usec = sum(u for k, (_, u) in stats.items() if not k.startswith(IGNORED)) / n
+        rows.append({"scheme": "envoyproxy/ratelimit (INCRBY+EXPIRE)", "case": "any",
+                     "request": label, "round_trips": 1.0, "sent": sent, "inside": 0.0,
+                     "inside_breakdown": {}, "redis_us": round(usec, 1)})
+    client.flushall()
+    key = reference_key(ONE[0], int(time.time()) // 60 * 60)
+    client.incrby(key, 1)
+    client.expire(key, 60)
+    one = client.memory_usage(key, samples=0)
+    for _ in range(99):
+        client.incrby(key, 1)
+        client.expire(key, 60)
+    hundred = client.memory_usage(key, samples=0)
+    return [*rows, {"scheme": "envoyproxy/ratelimit", "key": key, "key_bytes": len(key),
+                    "value": repr(client.get(key)), "bytes_1_hit": one,
+                    "bytes_100_hits": hundred}]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few seconds: smoke test")
+    parser.add_argument("--decisions", type=int, default=1000, help="decisions per measurement")
+    args = parser.parse_args()
+    if args.quick:
+        args.decisions = 200
+
+    d = workdir("redis-cost")
+    redis = start_redis(d)
+    client = redis.client()
+
+    async def collect() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        costs, sizes = [], []
+        for algorithm in ALGORITHMS:
+            costs += await rls_costs(redis.url, client, algorithm, args.decisions)
+            sizes.append(await rls_bytes(redis.url, client, algorithm))
+            print(f"measured {algorithm}", flush=True)
+        return costs, sizes
+
+    async def logs() -> list[dict[str, Any]]:
+        sizes = (10, 100) if args.quick else (10, 100, 1000, 5000)
+        out = []
+        for algorithm in ("sliding_log", "concurrency"):
+            out += await log_scaling(redis.url, client, algorithm, sizes, 20 if args.quick
+                                     else 50)
+        return out
+
+    costs, sizes = asyncio.run(collect())
+    scaling = asyncio.run(logs())
+    ref = reference_costs(client, args.decisions)
+    costs += [r for r in ref if "case" in r]
+    sizes += [r for r in ref if "key" in r]
+
+    rows = [[c["scheme"], c["case"], c["request"], c["round_trips"], c["sent"], c["inside"],
+             c["redis_us"], breakdown(c["inside_breakdown"]) or "-"] for c in costs]
+    t1 = table(["scheme", "case", "request", "round trips", "sent", "inside scripts",
+                "redis µs", "inside, per decision"], rows,
+               f"Redis commands per decision (INFO commandstats, {args.decisions} decisions each)")
+    print()
+    rows2 = [[s["scheme"], s["key"], s["key_bytes"], s["bytes_1_hit"], s["bytes_100_hits"]]
+             for s in sizes]
+    t2 = table(["scheme", "key", "key bytes", "MEMORY USAGE 1 hit", "100 hits"], rows2,
+               "Bytes per counter (MEMORY USAGE key SAMPLES 0, Redis "
+               f"{client.info('server')['redis_version']})")
+    print()
+    by_size: dict[int, dict[str, float]] = {}
+    for r in scaling:
+        by_size.setdefault(r["entries"], {})[r["algorithm"]] = r["redis_us_per_decision"]
+    t3 = table(["entries in the log", "sliding_log redis µs", "concurrency redis µs"],
+               [[k, v.get("sliding_log"), v.get("concurrency")] for k, v in by_size.items()],
+               "Log-based algorithms: Redis µs per decision vs entries in the window "
+               "(1 descriptor)")
+    write_results("redis_cost", {"params": vars(args), "commands": costs, "memory": sizes,
+                                 "log_scaling": scaling}, args.quick, [t1, t2, t3])
+    redis.stop()
+
+
+if __name__ == "__main__":
+    main()
