@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -54,7 +55,7 @@ def bound_key(key: str) -> str:
     return f"{head}#{hashlib.sha256(raw).hexdigest()}"
 
 
-class GuardedStore:
+class GuardedStore(ABC):
     """Deadline and down-marking shared by every backend."""
 
     name = "store"
@@ -101,18 +102,18 @@ class GuardedStore:
     async def close(self) -> None:
         return None
 
-    # backend primitives
-    async def _get(self, key: str) -> bytes | None:
-        raise NotImplementedError
+    # backend primitives, one set per store kind
+    @abstractmethod
+    async def _get(self, key: str) -> bytes | None: ...
 
-    async def _set(self, key: str, value: bytes, ttl: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def _set(self, key: str, value: bytes, ttl: int) -> None: ...
 
-    async def _expire(self, key: str, ttl: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def _expire(self, key: str, ttl: int) -> None: ...
 
-    async def _set_version(self, key: str, value: bytes) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def _set_version(self, key: str, value: bytes) -> None: ...
 
 
 class RedisCacheStore(GuardedStore):
