@@ -1,10 +1,10 @@
 """Auto-pipelining: concurrent EVALSHA calls of one worker share one pipelined round trip.
 
-A call queues itself and the flush runs on the next event-loop turn, so every decision that
-became ready in the same turn goes out in one write and comes back in one read. A lone call
-takes the direct path (no pipeline object). NOSCRIPT answers (Redis restarted or flushed) load
-the script once and resend only those calls. A caller whose deadline passed simply finds its
-future cancelled; the batch is unaffected.
+While a call is on the wire, further calls queue and the flush runs on the next event-loop
+turn, so every decision that became ready meanwhile goes out in one write and comes back in one
+read. A call with nothing else in flight goes out directly (no future, task or pipeline).
+NOSCRIPT answers (Redis restarted or flushed) load the script once and resend only those calls.
+A caller whose deadline passed simply finds its future cancelled; the batch is unaffected.
 """
 
 from __future__ import annotations
@@ -23,9 +23,20 @@ class ScriptBatcher:
         self._max_batch = max_batch
         self._pending: list[tuple[Sequence[str], Sequence[Any], asyncio.Future[Any]]] = []
         self._scheduled = False
+        self._busy = False  # a direct call is on the wire
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if not self._busy:
+            # Nothing queued or in flight: a lone call goes straight out (no future, no task),
+            # and calls arriving meanwhile are batched behind it.
+            self._busy = True
+            try:
+                return await self._script(keys=keys, args=args)
+            finally:
+                self._busy = False
+                if self._pending and not self._scheduled:
+                    self._flush()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((keys, args, future))
