@@ -111,29 +111,29 @@ def descriptor_files(config_dir: Path) -> list[Path]:
     return found
 
 
-def _socket_addresses(node: Any) -> Iterator[dict[str, Any]]:
+def socket_addresses(node: Any) -> Iterator[dict[str, Any]]:
     if isinstance(node, dict):
         sa = node.get("socket_address")
         if isinstance(sa, dict) and "port_value" in sa:
             yield sa
         for value in node.values():
-            yield from _socket_addresses(value)
+            yield from socket_addresses(value)
     elif isinstance(node, list):
         for value in node:
-            yield from _socket_addresses(value)
+            yield from socket_addresses(value)
 
 
 def backend_ports(config: dict[str, Any]) -> list[int]:
     """Endpoint ports of the cluster named `backend`, in config order."""
     for cluster in config.get("static_resources", {}).get("clusters", []):
         if cluster.get("name") == "backend":
-            return [int(sa["port_value"]) for sa in _socket_addresses(cluster)]
+            return [int(sa["port_value"]) for sa in socket_addresses(cluster)]
     raise DemoError("the Envoy config has no cluster named `backend`")
 
 
 def rewrite_ports(config: dict[str, Any], mapping: dict[int, int]) -> dict[str, Any]:
     """Map every socket_address port through `mapping` (in place; unknown ports stay)."""
-    for sa in _socket_addresses(config):
+    for sa in socket_addresses(config):
         port = int(sa["port_value"])
         sa["port_value"] = mapping.get(port, port)
     return config

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,15 +25,19 @@ from typing import Any, TypeVar
 import grpc
 import yaml
 from aiohttp import web
+from e2e.harness import Response as Response  # re-exported for the cache tests
+from e2e.harness import http_request as http_request  # re-exported
 from envoy.service.ratelimit.v3 import rls_pb2
 from prometheus_client import CollectorRegistry
 
 from rls.admin.cache import add_cache_routes
 from rls.cache import build_cache
 from rls.cache.cache import ResponseCache
+from rls.demo import socket_addresses
 from rls.services.extproc import ExtProcService
 
 T = TypeVar("T")
+request = http_request  # one HTTP helper for both e2e suites
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "envoy" / "gateway-cache.yaml"
 RLS_PORT, LISTENER_PORT, ADMIN_PORT = 8081, 10000, 9901
@@ -197,22 +201,13 @@ class CacheServer:
 # --------------------------------------------------------------------------- Envoy
 
 
-def _socket_addresses(node: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(node, dict):
-        if isinstance(node.get("socket_address"), dict):
-            yield node["socket_address"]
-        for value in node.values():
-            yield from _socket_addresses(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _socket_addresses(value)
 
 
 def gateway_config(ports: dict[int, int], buffer_limit: int | None = None) -> dict[str, Any]:
     """envoy/gateway-cache.yaml with every port mapped (all must occur in the file)."""
     config = copy.deepcopy(yaml.safe_load(GATEWAY.read_text()))
     seen = set()
-    for sa in _socket_addresses(config):
+    for sa in socket_addresses(config):
         port = int(sa["port_value"])
         assert port in ports, f"unexpected port {port} in {GATEWAY}"
         seen.add(port)
@@ -280,24 +275,3 @@ def start_envoy(binary: str, config: dict[str, Any], workdir: Path, port: int,
     return envoy
 
 
-@dataclass
-class Response:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-def request(port: int, method: str, path: str, headers: dict[str, str] | None = None,
-            body: bytes | None = None, timeout: float = 10.0) -> Response:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        data = resp.read()
-        merged: dict[str, str] = {}
-        for name, value in resp.getheaders():
-            key = name.lower()
-            merged[key] = f"{merged[key]}, {value}" if key in merged else value
-        return Response(resp.status, merged, data)
-    finally:
-        conn.close()

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,6 +27,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+
+from rls.demo import socket_addresses
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVOY_DIR = ROOT / "envoy"
@@ -278,15 +280,6 @@ def load_gateway(path: Path | str = GATEWAY_YAML) -> dict[str, Any]:
         return yaml.safe_load(f)
 
 
-def _socket_addresses(node: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(node, dict):
-        if "socket_address" in node and isinstance(node["socket_address"], dict):
-            yield node["socket_address"]
-        for value in node.values():
-            yield from _socket_addresses(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _socket_addresses(value)
 
 
 def rewrite_ports(config: dict[str, Any], ports: dict[int, int]) -> dict[str, Any]:
@@ -298,7 +291,7 @@ def rewrite_ports(config: dict[str, Any], ports: dict[int, int]) -> dict[str, An
     """
     out = copy.deepcopy(config)
     found: set[int] = set()
-    for sa in _socket_addresses(out):
+    for sa in socket_addresses(out):
         port = int(sa["port_value"])
         if port in ports:
             found.add(port)
