@@ -112,6 +112,33 @@ class Metrics:
             registry=r,
             multiprocess_mode="max",
         )
+        self.failure_answers = Counter(
+            "rls_failure_mode_answers",
+            "Calls the store did not decide, by domain, reason (store_down: breaker open; "
+            "store_error; store_slow: the store used the whole budget; overloaded: rls itself "
+            "could not decide in time) and what answered (allow, deny, fallback, unavailable)",
+            ["domain", "reason", "answer"],
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            "rls_gc_pause_seconds",
+            "Garbage collection pauses of the event loop, by generation",
+            ["generation"],
+            buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "rls_event_loop_lag_seconds",
+            "How late the event loop ran a 5 ms tick (time no waiting call could use)",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
+            registry=r,
+        )
+        self.store_ready = Gauge(
+            "rls_store_ready",
+            "1 once the store accepted rls (connections open, scripts loaded), else 0",
+            registry=r,
+            multiprocess_mode="min",
+        )
         self.fallback = Counter(
             "rls_fallback_decisions",
             "Calls decided by the local fallback limiter while the backend was away",
@@ -154,6 +181,11 @@ class Metrics:
                 pending = self._buffer((self.requests.labels(domain, code),))
                 self._requests[(domain, code)] = pending
         pending.values[0] += 1
+
+    def count_failure_answer(self, domain: str, reason: str, answer: str) -> None:
+        if len(self._requests) > 10_000:  # domains come from the config; stay bounded
+            domain = "_other"
+        self.failure_answers.labels(domain, reason, answer).inc()
 
     def _buffer(self, children: tuple[Any, ...]) -> Pending:
         pending = Pending(children)

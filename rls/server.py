@@ -17,10 +17,13 @@ from rls.admin.switches import follow_shared
 from rls.backends import create_backend
 from rls.backends.base import Backend, BackendError
 from rls.backends.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from rls.backends.redis import StoreRejected
 from rls.cache import build_cache
 from rls.config.errors import ConfigError
 from rls.config.reload import ConfigHolder
+from rls.engine.budget import LoopLag
 from rls.engine.limiter import RateLimiter
+from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
 from rls.metrics import Metrics
 from rls.services.health import create_health, set_serving
 from rls.services.ratelimit import RateLimitService
@@ -50,7 +53,7 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
         breaker = CircuitBreaker(
             "redis",
             threshold=settings.breaker_threshold,
-            cooldown=settings.breaker_cooldown_ms / 1000,
+            probe_interval=settings.probe_interval_ms / 1000,
             on_change=lambda state: gauge.set(_CIRCUIT_VALUE[state]),
         )
         backend = create_backend(
@@ -58,10 +61,12 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
             timeout_ms=max(settings.backend_timeout_ms, 1),
             breaker=breaker,
             auto_pipeline=settings.auto_pipeline,
+            probe_timeout_ms=settings.probe_timeout_ms,
         )
     elif backend is None:
         backend = create_backend(None)
-    limiter = RateLimiter(holder.current, backend, settings, metrics)
+    lag = LoopLag(observe=metrics.loop_lag.observe)
+    limiter = RateLimiter(holder.current, backend, settings, metrics, lag)
     holder.on_change = lambda _config: limiter.clear_local_cache()
     service = RateLimitService(limiter, settings, metrics)
     return App(settings, metrics, holder, backend, limiter, service)
@@ -79,15 +84,56 @@ async def _flush_metrics(metrics: Metrics, interval: float = 1.0) -> None:
         metrics.flush()
 
 
+async def _start_store(app: App, on_ready: asyncio.Event) -> None:
+    """Connect, check and warm the store until it accepts us; then set `on_ready`.
+
+    Until then calls are answered by the failure mode at once (breaker open) and health says
+    NOT_SERVING; the reason is logged (at most every 10 s while it lasts)."""
+    backend = app.backend
+    last_log = 0.0
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            await backend.start()
+        except StoreRejected as exc:
+            why, level = str(exc), logging.ERROR
+        except BackendError as exc:
+            why, level = str(exc), logging.WARNING
+        else:
+            app.metrics.store_ready.set(1)
+            log.info("store %s ready", backend.name)
+            on_ready.set()
+            return
+        breaker = getattr(backend, "breaker", None)
+        if breaker is not None:
+            breaker.open(why)
+        if loop.time() - last_log >= 10:
+            log.log(level, "not ready: %s (retrying; failure mode %s answers meanwhile)",
+                    why, app.settings.failure_mode)
+            last_log = loop.time()
+        await asyncio.sleep(0.25)
+
+
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
+    tune_thresholds()
     app = build_app(settings)
+    pauses = PauseRecorder(lambda gen, s: app.metrics.gc_pause.labels(str(gen)).observe(s))
+    pauses.install()
+    on_config = app.holder.on_change
+
+    def config_changed(config: object) -> None:
+        if on_config is not None:
+            on_config(config)
+        freeze_startup_objects()  # the new config's objects: out of the collector's walk
+
+    app.holder.on_change = config_changed
     if not app.holder.reload():
         log.error("initial configuration failed to load; serving errors until it is fixed")
     app.holder.start(settings.reload_interval)
-    try:
-        await app.backend.start()
-    except BackendError as exc:
-        log.warning("%s (failure mode %s applies until it answers)", exc, settings.failure_mode)
+    app.metrics.store_ready.set(0)
+    store_ready = asyncio.Event()
+    starter = asyncio.get_running_loop().create_task(_start_store(app, store_ready))
+    app.limiter.lag.start()
 
     handlers = [app.service.handler()]
     cache = None
@@ -113,6 +159,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     )
     server.add_generic_rpc_handlers(tuple(handlers))
     health = create_health()
+    await set_serving(health, False)  # until the store accepted us
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:
         port = server.add_insecure_port(settings.grpc_addr)
@@ -122,9 +169,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     if port == 0:
         return 1
     await server.start()
-    await set_serving(health, True)
 
     state = AdminState(app.service, app.metrics, app.holder.current)
+    state.store_ready = False
     admin_app = create_app(state)
     if cache is not None:
         add_cache_routes(admin_app, cache)
@@ -152,8 +199,18 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready.set()
+
+    async def become_ready() -> None:
+        """Health says SERVING only once the store accepted us (and never while draining)."""
+        await store_ready.wait()
+        freeze_startup_objects()
+        if not state.draining:
+            state.store_ready = True
+            await set_serving(health, True)
+            if ready is not None:
+                ready.set()
+
+    readiness = loop.create_task(become_ready())
     await stop.wait()
 
     log.info("shutting down: draining in-flight calls")
@@ -168,6 +225,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
         await cache.close()  # lets pending stores finish (bounded), closes the store
     follower.cancel()
     flusher.cancel()
+    starter.cancel()
+    readiness.cancel()
+    app.limiter.lag.stop()
+    pauses.uninstall()
     app.metrics.flush()
     await app.holder.stop()
     await runner.cleanup()

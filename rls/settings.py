@@ -33,15 +33,23 @@ class Settings:
     cache_store: str = ""  # redis://, ssdb://…; default: the rules file's `store:`
     workers: int = 1
     failure_mode: str = "allow"  # allow | deny when the backend cannot answer in time
-    backend_timeout_ms: int = 15
+    # Store-time budget of one decision when the caller sends no deadline (Envoy sends its
+    # filter timeout as the gRPC deadline, and that is used instead, less deadline_margin_ms).
+    # Time this process itself lags (GC, CPU contention) is not counted: see engine/budget.py.
+    backend_timeout_ms: int = 50
+    deadline_margin_ms: int = 2  # kept from the caller's deadline for answering
+    # A call still undecided after this long (wall clock) means rls is overloaded: UNAVAILABLE.
+    overload_cap_ms: int = 1000
+    max_inflight: int = 4096  # concurrent decisions per process; beyond: RESOURCE_EXHAUSTED
     # Share of each limit a process may grant on its own while the backend is away (0 = off,
     # the failure mode answers instead). With N replicas, 1/N keeps the total near the limit.
     fallback_share: float = 0.0
     # Answer keys known to be over limit locally until their reset (Redis only; 0 round trips).
     local_cache: bool = True
     auto_pipeline: bool = True  # concurrent Redis calls of a worker share one round trip
-    breaker_threshold: int = 3  # consecutive backend failures that open the circuit
-    breaker_cooldown_ms: int = 1000  # open circuit: time before one probe call
+    breaker_threshold: int = 3  # consecutive connection errors that open the circuit
+    probe_interval_ms: int = 100  # open circuit: PING the store this often; closes on success
+    probe_timeout_ms: int = 200  # a probe PING slower than this counts as failed
     log_format: str = "text"
     log_level: str = "info"
     shadow_mode: bool = False  # global: OVER_LIMIT answered as OK (reference SHADOW_MODE)
@@ -69,6 +77,12 @@ class Settings:
             raise ValueError("key_prefix must be at most 32 bytes")
         if self.workers < 1:
             raise ValueError("workers must be at least 1")
+        for name in (
+            "backend_timeout_ms", "overload_cap_ms", "probe_interval_ms", "probe_timeout_ms",
+            "max_inflight",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
         from rls.backends.urls import normalize_redis_url
 
         self.redis_url = normalize_redis_url(self.redis_url)

@@ -32,6 +32,7 @@ class AdminState:
         self.metrics = metrics
         self.config = config
         self.draining = False
+        self.store_ready = True  # the server sets False until the store accepted rls
 
 
 def create_app(state: AdminState) -> web.Application:
@@ -54,6 +55,8 @@ async def healthcheck(request: web.Request) -> web.Response:
         return web.Response(status=503, text="draining\n")
     if state.config() is None:
         return web.Response(status=500, text="")
+    if not state.store_ready:
+        return web.Response(status=500, text="store not ready\n")
     return web.Response(text="OK")
 
 

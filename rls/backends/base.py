@@ -13,6 +13,11 @@ class BackendError(Exception):
     """The store could not answer (down, slow, out of memory); the failure mode applies."""
 
 
+class StoreDown(BackendError):
+    """The breaker is open: the store was found unhealthy and no call is sent until a probe
+    succeeds."""
+
+
 class Backend(Protocol):
     name: str
 
@@ -46,3 +51,7 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
     async def healthy(self) -> bool: ...
+
+    def suspect(self) -> None:
+        """A call used its whole store budget: check the store's health (no-op in memory)."""
+        ...

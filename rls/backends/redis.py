@@ -17,17 +17,30 @@ a request may be charged on one slot while found full on another.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import redis
 import redis.asyncio as aioredis
+import redis.cluster
+import redis.sentinel
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    NoScriptError,
+    RedisError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rls.backends.base import BackendError
+from rls.backends.base import BackendError, StoreDown
 from rls.backends.breaker import CircuitBreaker
 from rls.backends.pipelining import ScriptBatcher
 from rls.backends.scripts import decide_script
@@ -94,8 +107,19 @@ def _tls_options(secure: bool, query: dict[str, str]) -> dict[str, Any]:
     return tls
 
 
-def connect(url: str, timeout_s: float, connect_timeout_s: float, pool_size: int) -> Any:
-    """A redis-py asyncio client for any supported URL scheme."""
+def connect(
+    url: str, timeout_s: float, connect_timeout_s: float, pool_size: int, sync: bool = False
+) -> Any:
+    """A redis-py client for any supported URL scheme: asyncio, or blocking with `sync` (the
+    health probe's own connection, used from a thread)."""
+    if sync:
+        ns_redis, ns_pool = redis.Redis, redis.BlockingConnectionPool
+        ns_sentinel, ns_cluster, ns_node = (
+            redis.sentinel.Sentinel, redis.cluster.RedisCluster, redis.cluster.ClusterNode
+        )
+    else:
+        ns_redis, ns_pool = aioredis.Redis, aioredis.BlockingConnectionPool
+        ns_sentinel, ns_cluster, ns_node = Sentinel, RedisCluster, ClusterNode
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": connect_timeout_s,
@@ -112,20 +136,20 @@ def connect(url: str, timeout_s: float, connect_timeout_s: float, pool_size: int
         # A blocking pool waits (up to the call's deadline) for a free connection; the default
         # pool raises "Too many connections" at once when more calls are in flight than
         # connections.
-        pool = aioredis.BlockingConnectionPool.from_url(
+        pool = ns_pool.from_url(
             url,
             max_connections=pool_size,
             timeout=max(1.0, timeout_s),
             retry_on_timeout=False,
             **common,
         )
-        return aioredis.Redis(connection_pool=pool)
+        return ns_redis(connection_pool=pool)
     if scheme in ("redis+sentinel", "rediss+sentinel"):
         path = [p for p in parts.path.split("/") if p]
         if not path:
             raise ValueError("redis+sentinel:// URL needs a service name: …/service_name[/db]")
         service, db = path[0], int(path[1]) if len(path) > 1 else 0
-        sentinel = Sentinel(
+        sentinel = ns_sentinel(
             _hosts(parts.netloc),
             sentinel_kwargs={**common, **tls},
             retry_on_timeout=False,
@@ -137,11 +161,26 @@ def connect(url: str, timeout_s: float, connect_timeout_s: float, pool_size: int
         )
     if scheme in ("redis+cluster", "rediss+cluster"):
         # RedisCluster takes no retry_on_timeout; its own retries are turned off instead.
-        nodes = [ClusterNode(h, p) for h, p in _hosts(parts.netloc)]
-        return RedisCluster(
+        nodes = [ns_node(h, p) for h, p in _hosts(parts.netloc)]
+        return ns_cluster(
             startup_nodes=nodes, max_connections=pool_size, **auth, **common, **tls
         )
     raise ValueError(f"unsupported Redis URL scheme {scheme!r}")
+
+
+class StoreRejected(BackendError):
+    """The store answers but refuses us (wrong password, ACL): not ready, and it says why."""
+
+
+def _rejection(exc: Exception) -> str | None:
+    """Why the store refuses us, when the error says so (auth, ACL), else None."""
+    if isinstance(exc, (AuthenticationError, NoPermissionError)):
+        return str(exc)
+    text = str(exc)
+    refused = ("NOPERM", "WRONGPASS", "NOAUTH")
+    if isinstance(exc, ResponseError) and text.split(" ", 1)[0] in refused:
+        return text
+    return None
 
 
 class RedisBackend:
@@ -156,9 +195,13 @@ class RedisBackend:
         pool_size: int = 64,
         breaker: CircuitBreaker | None = None,
         auto_pipeline: bool = True,
+        probe_timeout_ms: int = 200,
     ) -> None:
         self.url = url
-        self.client: Any = connect(url, timeout_ms / 1000, connect_timeout_ms / 1000, pool_size)
+        # redis-py's own socket timeout is only a backstop: the limiter's deadline (store time,
+        # net of our own lag) decides when a call is too slow.
+        socket_timeout = max(timeout_ms / 1000, 1.0)
+        self.client: Any = connect(url, socket_timeout, connect_timeout_ms / 1000, pool_size)
         self.cluster = isinstance(self.client, RedisCluster)
         self._script = self.client.register_script(decide_script())
         self._call = (
@@ -166,23 +209,60 @@ class RedisBackend:
             if auto_pipeline and not self.cluster
             else self._direct
         )
+        self.pool_size = pool_size
         self.breaker = breaker or CircuitBreaker("redis")
+        # The probe's own blocking connection, used from its own thread: its socket timeout
+        # runs in the kernel, so a busy or paused event loop cannot fail a healthy store.
+        probe_s = probe_timeout_ms / 1000
+        self._probe_client: Any = connect(url, probe_s, probe_s, 1, sync=True)
+        self._probe_thread = ThreadPoolExecutor(1, thread_name_prefix="rls-store-probe")
+        self.breaker.set_probe(self.probe)
 
     async def _direct(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._script(keys=keys, args=args)
 
+    async def probe(self) -> bool:
+        """PING on the probe connection (in its thread); False on any error or timeout."""
+        loop = asyncio.get_running_loop()
+        try:
+            return bool(await loop.run_in_executor(self._probe_thread, self._probe_client.ping))
+        except (RedisError, OSError) as exc:
+            self.breaker.last_error = str(exc) or type(exc).__name__
+            return False
+
+    def suspect(self) -> None:
+        """A call used its whole store budget: let the probe find out whether Redis is ill."""
+        self.breaker.suspect()
+
     async def start(self) -> None:
+        """Ready means ready: the store answers, accepts our credentials, has our scripts and
+        lets us run them, and a few pooled connections are open for the first burst.
+
+        Raises StoreRejected when the store refuses us (wrong password, ACL) and BackendError
+        when it cannot be reached; the server retries until this returns.
+        """
         try:
             await self.client.ping()
+            await self.client.script_load(self._script.script)
+            await self._script(keys=[], args=["", "e", ""])  # EVALSHA allowed (ACL)?
+            warm = min(self.pool_size, 8)
+            await asyncio.gather(*(self.client.ping() for _ in range(warm)))
         except (RedisError, OSError) as exc:
-            # Not fatal: the service answers per its failure mode until Redis is back.
-            raise BackendError(f"redis not reachable at start: {exc}") from exc
+            why = _rejection(exc)
+            if why is not None:
+                raise StoreRejected(f"redis refuses rls: {why}") from exc
+            raise BackendError(f"redis not reachable: {exc}") from exc
+        self.breaker.close()
 
     async def close(self) -> None:
+        await self.breaker.stop()
         await self.client.aclose()
         pool = getattr(self.client, "connection_pool", None)
         if pool is not None:
             await pool.disconnect()
+        self._probe_thread.shutdown(wait=False)
+        with contextlib.suppress(Exception):
+            self._probe_client.close()
 
     async def healthy(self) -> bool:
         try:
@@ -199,7 +279,7 @@ class RedisBackend:
     ) -> Verdict:
         breaker = self.breaker
         if not breaker.allow():
-            raise BackendError("redis circuit open")
+            raise StoreDown("redis circuit open")
         try:
             if self.cluster:
                 if usage:
@@ -213,17 +293,20 @@ class RedisBackend:
                 verdict = await self._run_with_usage(checks, now_ms, usage, usage_ttl_ms)
             else:
                 verdict = await self._run(checks, now_ms, "d")
-        except (RedisError, OSError) as exc:
-            breaker.failure()
+        except RedisTimeoutError as exc:
+            breaker.suspect()  # redis-py's socket timeout: a suspicion, the probe decides
+            raise BackendError(f"redis: {exc}") from exc
+        except (RedisConnectionError, OSError) as exc:
+            breaker.failure(str(exc))  # evidence about the store: refused, reset, auth lost
+            raise BackendError(f"redis: {exc}") from exc
+        except RedisError as exc:
+            breaker.suspect()  # an error reply (OOM, READONLY…): the store answers, but ask
             raise BackendError(f"redis: {exc}") from exc
         except (AttributeError, TypeError, ValueError, IndexError, RuntimeError) as exc:
             # redis-py can surface a connection torn down mid-call (e.g. cut by the deadline)
             # as a plain Python error; it is still the store failing, not a bad request.
-            breaker.failure()
+            breaker.suspect()
             raise BackendError(f"redis client error: {exc!r}") from exc
-        except asyncio.CancelledError:
-            breaker.failure()  # the caller's deadline passed: a slow store counts as failing
-            raise
         breaker.success()
         return verdict
 

@@ -44,14 +44,38 @@ def match(domain: Domain, entries: Sequence[tuple[str, str]]) -> list[Node] | No
     return None
 
 
+def _entry_part(key: str, value: str) -> str:
+    """`key_value`, or `key` alone for an empty value (the reference's rule)."""
+    return f"{key}_{value}" if value else key
+
+
 def stats_key(domain: str, path: Sequence[Node], entries: Sequence[tuple[str, str]]) -> str:
-    """Reference stats key for a match whose path uses detailed_metric or value_to_metric."""
+    """Reference stats key for a match whose path uses detailed_metric or value_to_metric.
+
+    - `detailed_metric`: every entry as `key_value` (the reference writes `key_` for an empty
+      value here), except entries matched by a `share_threshold` wildcard, which keep the
+      pattern (`key_files/*`) — then empty values give `key` alone.
+    - otherwise, per level: a `share_threshold` wildcard keeps its pattern, a `value_to_metric`
+      node matched by wildcard or default shows the request value (`key` alone when empty),
+      every other node its config part.
+    """
+    shared = any(node.share_threshold for node in path)
     if path[-1].detailed_metric:
-        return ".".join([domain] + [f"{k}_{v}" for k, v in entries])
+        if not shared:
+            return ".".join([domain] + [f"{k}_{v}" for k, v in entries])
+        return ".".join(
+            [domain]
+            + [
+                f"{k}_{node.value}" if node.share_threshold else _entry_part(k, v)
+                for node, (k, v) in zip(path, entries, strict=True)
+            ]
+        )
     parts = [domain]
     for node, (key, value) in zip(path, entries, strict=True):
-        if node.value_to_metric and not node.share_threshold:
-            parts.append(f"{key}_{value}")
+        if node.share_threshold:
+            parts.append(f"{key}_{node.value}")
+        elif node.value_to_metric and (not node.value or "*" in node.value):
+            parts.append(_entry_part(key, value))
         else:
             parts.append(node.stats_part)
     return ".".join(parts)

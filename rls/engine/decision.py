@@ -41,5 +41,14 @@ class Decision:
     metadata: list[dict[str, Any]] = field(default_factory=list)
 
 
+class Overloaded(RuntimeError):
+    """This process could not decide in time through no fault of the store: the caller gets
+    UNAVAILABLE so that Envoy's own failure mode decides, instead of a silent OK."""
+
+
+class NoConfigLoaded(RuntimeError):
+    """No rate limit configuration is loaded: UNAVAILABLE (503 on the admin API)."""
+
+
 class InvalidRequest(ValueError):
     """The request itself is wrong (INVALID_ARGUMENT); nothing was charged."""

@@ -11,8 +11,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from rls.backends.base import Backend, BackendError
+from rls.backends.base import Backend, BackendError, StoreDown
 from rls.config.model import UNIT_SECONDS, Domain, Limit, RateLimitConfig, Unit
+from rls.engine.budget import OVERLOADED, LoopLag, store_deadline
 from rls.engine.calendar import CalendarCache
 from rls.engine.checks import MEMO_MAX, match_targets, merge_same_counter, passed_metadata
 from rls.engine.decision import (
@@ -22,6 +23,8 @@ from rls.engine.decision import (
     Decision,
     DescriptorIn,
     InvalidRequest,
+    NoConfigLoaded,
+    Overloaded,
     Status,
 )
 from rls.engine.fallback import FallbackLimiter
@@ -42,6 +45,8 @@ __all__ = [
     "Decision",
     "DescriptorIn",
     "InvalidRequest",
+    "NoConfigLoaded",
+    "Overloaded",
     "RateLimiter",
     "Status",
 ]
@@ -54,8 +59,10 @@ class RateLimiter:
         backend: Backend,
         settings: Settings,
         metrics: Metrics,
+        lag: LoopLag | None = None,
     ) -> None:
         self._config = config
+        self.lag = lag if lag is not None else LoopLag()
         self.backend = backend
         self.settings = settings
         self.metrics = metrics
@@ -78,10 +85,13 @@ class RateLimiter:
         descriptors: Sequence[DescriptorIn],
         request_hits: int = 0,
         now_ms: int | None = None,
+        budget_s: float | None = None,
     ) -> Decision:
+        """Decide one request. `budget_s`: the caller's own time left (its gRPC deadline less a
+        margin); None uses --backend-timeout-ms."""
         config = self._config()
         if config is None:
-            raise RuntimeError("no rate limit configuration loaded")
+            raise NoConfigLoaded("no rate limit configuration loaded")
         statuses = [Status() for _ in descriptors]
         dom = config.domains.get(domain)
         if dom is None:
@@ -98,21 +108,29 @@ class RateLimiter:
                 dom.usage, settings.key_prefix, domain, [d.entries for d in descriptors], clock_ms
             )
         over_cache = self._over_cache
-        answered_locally = bool(checks and over_cache and over_cache.answer(checks, statuses))
-        if usage and (answered_locally or not checks):
+        hit = over_cache.answer(checks, statuses) if checks and over_cache else None
+        if usage and (hit is not None or not checks):
             # Every call counts in usage, also those decided without the decision round trip.
             await self._record_usage_alone(usage, dom.usage.ttl_ms, now_ms)
-        overall = OVER_LIMIT if answered_locally else OK
-        if checks and not answered_locally:
-            outcomes = await self._decide(checks, now_ms, usage, dom)
+        overall = OK
+        if hit is not None:
+            overall = OVER_LIMIT
+            others = [c for c in checks if c is not hit]
+            if others:
+                await self._report_uncharged(others, now_ms, statuses)
+        elif checks:
+            try:
+                outcomes, failure = await self._decide(checks, now_ms, usage, dom, budget_s)
+            except Overloaded:
+                self.metrics.count_failure_answer(domain, OVERLOADED, "unavailable")
+                raise
             from_backend = outcomes is not None
             if outcomes is None and settings.fallback_share > 0:
                 outcomes = self._fallback.decide(checks, now_ms)
+                if outcomes is not None:
+                    self.metrics.count_failure_answer(domain, failure, "fallback")
             if outcomes is None:
-                mode = dom.failure_mode or settings.failure_mode
-                overall = OK if mode == "allow" or settings.limiting_off else OVER_LIMIT
-                self.metrics.count_request(domain, _CODE[overall])
-                return Decision(overall, statuses)
+                return self._failure_answer(dom, domain, checks, statuses, failure)
             overall = self._report(checks, outcomes, statuses)
             if over_cache is not None and overall == OVER_LIMIT and from_backend:
                 over_cache.remember(checks, outcomes)  # never a fallback (local-share) verdict
@@ -189,6 +207,50 @@ class RateLimiter:
 
         return checks
 
+    def _failure_answer(
+        self,
+        dom: Domain,
+        domain: str,
+        checks: list[Check],
+        statuses: list[Status],
+        reason: str,
+    ) -> Decision:
+        """The store could not decide: the domain's failure mode answers, and says so.
+
+        In deny mode every limited descriptor shows OVER_LIMIT (not a misleading OK)."""
+        settings = self.settings
+        mode = dom.failure_mode or settings.failure_mode
+        allow = mode == "allow" or settings.limiting_off
+        self.metrics.count_failure_answer(domain, reason, "allow" if allow else "deny")
+        overall = OK if allow else OVER_LIMIT
+        if not allow:
+            for check in checks:
+                if not check.flags & (SHADOW | NEGATIVE):
+                    statuses[check.descriptor].code = OVER_LIMIT
+        self.metrics.count_request(domain, _CODE[overall])
+        return Decision(overall, statuses)
+
+    async def _report_uncharged(
+        self, checks: list[Check], now_ms: int | None, statuses: list[Status]
+    ) -> None:
+        """The other descriptors of a request the local over-limit cache rejected: their
+        current state (nothing is charged: the request is rejected) and their stats, as the
+        reference reports them. A store failure leaves them without current_limit."""
+        for check in checks:
+            check.flags &= SHADOW | QUOTA
+        try:
+            if self._decide_now is not None:
+                verdict = self._decide_now(checks, now_ms, charge=False)
+            else:
+                self._roundtrips.inc()
+                async with asyncio.timeout(self.settings.backend_timeout_ms / 1000):
+                    verdict = await self.backend.peek(checks, now_ms)
+        except (BackendError, TimeoutError) as exc:
+            self._backend_errors.inc()
+            self._log_failure(exc)
+            return
+        self._report(checks, verdict.outcomes, statuses)
+
     def clear_local_cache(self) -> None:
         """Forget locally known over-limit keys (a config reload may change the limits)."""
         if self._over_cache is not None:
@@ -200,7 +262,7 @@ class RateLimiter:
         """Per descriptor, each matched limit with its current usage — nothing is charged."""
         config = self._config()
         if config is None:
-            raise RuntimeError("no rate limit configuration loaded")
+            raise NoConfigLoaded("no rate limit configuration loaded")
         dom = config.domains.get(domain)
         result: list[list[tuple[Limit, Outcome]]] = [[] for _ in descriptors]
         if dom is None:
@@ -238,14 +300,16 @@ class RateLimiter:
         now_ms: int | None,
         usage: list[UsageOp] | None = None,
         dom: Domain | None = None,
-    ) -> list[Outcome] | None:
+        budget_s: float | None = None,
+    ) -> tuple[list[Outcome] | None, str]:
+        """Outcomes per check, or (None, why the store could not decide)."""
         ttl = dom.usage.ttl_ms if usage and dom is not None and dom.usage is not None else 0
         if len(checks) > 1 and len({c.key for c in checks}) < len(checks):
             merged, slots = merge_same_counter(checks)
             if slots is not None:
-                outcomes = await self._call_backend(merged, now_ms, usage, ttl)
-                return None if outcomes is None else [outcomes[j] for j in slots]
-        return await self._call_backend(checks, now_ms, usage, ttl)
+                outcomes, why = await self._call_backend(merged, now_ms, usage, ttl, budget_s)
+                return (None if outcomes is None else [outcomes[j] for j in slots]), why
+        return await self._call_backend(checks, now_ms, usage, ttl, budget_s)
 
     async def _call_backend(
         self,
@@ -253,24 +317,43 @@ class RateLimiter:
         now_ms: int | None,
         usage: list[UsageOp] | None = None,
         usage_ttl_ms: int = 0,
-    ) -> list[Outcome] | None:
+        budget_s: float | None = None,
+    ) -> tuple[list[Outcome] | None, str]:
         if self._decide_now is not None:  # in-process store: nothing to wait for
             if usage:
                 self.backend.record_usage_now(usage, usage_ttl_ms, now_ms)  # type: ignore[attr-defined]
-            return self._decide_now(checks, now_ms).outcomes
+            return self._decide_now(checks, now_ms).outcomes, ""
         backend = self.backend
         self._roundtrips.inc()
+        settings = self.settings
+        budget = settings.backend_timeout_ms / 1000 if budget_s is None else budget_s
+        cap = settings.overload_cap_ms / 1000
+        deadline = None
         try:
-            async with asyncio.timeout(self.settings.backend_timeout_ms / 1000):
+            async with store_deadline(budget, self.lag, cap) as deadline:
                 if usage:
                     verdict = await backend.decide(checks, now_ms, usage, usage_ttl_ms)
                 else:
                     verdict = await backend.decide(checks, now_ms)
-        except (BackendError, TimeoutError) as exc:
+        except StoreDown as exc:
             self._backend_errors.inc()
             self._log_failure(exc)
-            return None
-        return verdict.outcomes
+            return None, "store_down"
+        except BackendError as exc:
+            self._backend_errors.inc()
+            self._log_failure(exc)
+            return None, "store_error"
+        except TimeoutError as exc:
+            reason = deadline.reason if deadline is not None else None
+            if reason == OVERLOADED:
+                raise Overloaded(
+                    f"rls overloaded: no decision within {settings.overload_cap_ms} ms"
+                ) from None
+            self._backend_errors.inc()
+            self._log_failure(exc if str(exc) else TimeoutError("store slower than the budget"))
+            backend.suspect()
+            return None, "store_slow"
+        return verdict.outcomes, ""
 
     def _log_failure(self, exc: Exception) -> None:
         """At most one line per second, so a dead store cannot fill the disk."""

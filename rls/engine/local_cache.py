@@ -50,20 +50,21 @@ class OverLimitCache:
             ):
                 known[check.key] = (now + out.reset_ms, max(check.hits, 1))
 
-    def answer(self, checks: list[Check], statuses: list[Status]) -> bool:
-        """Reject without a round trip when an enforcing check is known over until its reset.
+    def answer(self, checks: list[Check], statuses: list[Status]) -> Check | None:
+        """The check that rejects the request without a round trip (known over until its
+        reset), with its descriptor's status filled in; None when the store must decide.
 
-        Descriptors that were not looked up are reported without current_limit.
-        """
+        The caller reports the request's other descriptors (uncharged: the request is
+        rejected)."""
         now = _now_ms()
         known = self._known
         hit: tuple[Check, int] | None = None
         for check in checks:
             if check.flags & NEGATIVE:
                 known.pop(check.key, None)  # a release makes room: ask the backend again
-                return False
+                return None
             if check.flags & CHARGE_ALWAYS:
-                return False
+                return None
             entry = known.get(check.key)
             if entry is None:
                 continue
@@ -76,7 +77,7 @@ class OverLimitCache:
             ):
                 hit = (check, entry[0] - now)
         if hit is None:
-            return False
+            return None
         check, reset_ms = hit
         status = statuses[check.descriptor]
         status.code, status.limit, status.remaining, status.reset_ms = (
@@ -89,4 +90,4 @@ class OverLimitCache:
         self.metrics.record_limit(
             check.limit, check.stats_key, check.hits, check.limit.requests_per_unit, True, False
         )
-        return True
+        return check

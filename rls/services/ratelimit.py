@@ -13,7 +13,13 @@ import grpc
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf.message import DecodeError
 
-from rls.engine.limiter import DescriptorIn, InvalidRequest, RateLimiter
+from rls.engine.limiter import (
+    DescriptorIn,
+    InvalidRequest,
+    NoConfigLoaded,
+    Overloaded,
+    RateLimiter,
+)
 from rls.metrics import Metrics
 from rls.services.convert import to_descriptors, to_response
 from rls.services.extras import decorate
@@ -60,6 +66,8 @@ class RateLimitService:
         self.metrics = metrics
         self._log_gate = LogGate(per_second=5)
         self._parsed: dict[bytes, Parsed] = {}
+        self._inflight = 0
+        self._margin = settings.deadline_margin_ms / 1000
 
     @property
     def _extras(self) -> bool:
@@ -87,13 +95,30 @@ class RateLimitService:
         if parsed is None:
             parsed = await self._parse(data, context)
         domain, descriptors, request_hits, request = parsed
+        # The caller's deadline (Envoy sends its filter timeout) sets the budget, less a margin
+        # to send the answer back; without one, --backend-timeout-ms applies.
+        remaining = context.time_remaining()
+        budget = None if remaining is None else max(remaining - self._margin, 0.001)
+        if self._inflight >= self.settings.max_inflight:
+            self.metrics.count_failure_answer(domain, "overloaded", "resource_exhausted")
+            self.metrics.errors.labels("overloaded").inc()
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"rls overloaded: {self._inflight} decisions in flight",
+            )
+        self._inflight += 1
         try:
-            decision = await self.limiter.should_rate_limit(domain, descriptors, request_hits)
+            decision = await self.limiter.should_rate_limit(
+                domain, descriptors, request_hits, budget_s=budget
+            )
         except InvalidRequest as exc:
             await self._reject(context, str(exc))
-        except RuntimeError as exc:
-            self.metrics.errors.labels("unavailable").inc()
+        except (Overloaded, NoConfigLoaded) as exc:
+            reason = "overloaded" if isinstance(exc, Overloaded) else "unavailable"
+            self.metrics.errors.labels(reason).inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        finally:
+            self._inflight -= 1
         response = to_response(decision)
         if self._extras:
             if request is None:

@@ -34,7 +34,7 @@ DEADLINE_S = 0.25  # backend timeout (50 ms) + generous slack for a loaded 2-cor
 HANG_S = 2.0  # client timeout: a call still unanswered by then counts as hung
 OK, OVER = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
 # Flags every fault test starts rls with (plus its own).
-FAST_FAILOVER = ("--backend-timeout-ms", "50", "--breaker-cooldown-ms", "200")
+FAST_FAILOVER = ("--backend-timeout-ms", "50", "--probe-interval-ms", "100")
 
 
 def varint(n: int) -> bytes:
@@ -109,17 +109,21 @@ class Load:
         return time.monotonic() - self.t0
 
     async def one(self, data: bytes, timeout: float = HANG_S, probe: bool = False) -> Call:
-        """One call, recorded."""
+        """One call, recorded. The hang bound is the client's own: no gRPC deadline is sent,
+        so rls budgets the call with its --backend-timeout-ms (a caller's deadline would be
+        used instead, see engine/budget.py)."""
         phase, start = self.phase, self.now()
         name = ""
         try:
-            body = await self.raw(data, timeout=timeout)
+            body = await asyncio.wait_for(self.raw(data), timeout)
             response = rls_pb2.RateLimitResponse.FromString(body)
             kind = classify(response)
             if response.statuses and response.statuses[0].HasField("current_limit"):
                 name = response.statuses[0].current_limit.name
         except grpc.aio.AioRpcError as exc:
             kind = exc.code().name
+        except TimeoutError:
+            kind = "HUNG"
         call = Call(start, self.now() - start, kind, phase, name, probe)
         self.calls.append(call)
         return call

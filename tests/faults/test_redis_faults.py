@@ -1,7 +1,7 @@
 """Redis faults under load (DESIGN §10): killed and restarted, slow, out of memory.
 
 Each test runs its own redis-server (free port) and `rls serve --redis-url … --backend-timeout-ms
-50 --breaker-cooldown-ms 200`, keeps 3 grpc.aio clients calling a descriptor whose limit is never
+50 --probe-interval-ms 100`, keeps 3 grpc.aio clients calling a descriptor whose limit is never
 reached, injects the fault, and records (printed as `FAULT name: {...}` and asserted): calls
 answered, answered within the deadline (250 ms), wrong answers (an answer the phase cannot
 produce: a decision while Redis is dead, OK in deny mode, OVER_LIMIT on a limit never reached,
@@ -224,7 +224,9 @@ async def test_redis_out_of_memory(rls_factory, config, redis_servers, mode):
         load.phase = "recovered"
         await asyncio.sleep(0.5)
         exact_after = await exact_cycles(load, "ft", "exact", EXACT_LIMIT)
-    numbers = summary(load.calls, {"baseline": normal, "filling": normal, "oom": {failure},
+    # An out-of-memory Redis still answers (an error reply, fast): the breaker stays closed, so
+    # a write that slips under maxmemory as client buffers are freed is a real decision.
+    numbers = summary(load.calls, {"baseline": normal, "filling": normal, "oom": normal,
                                    "freeing": normal, "recovered": normal})
     numbers.update(
         mode=mode,

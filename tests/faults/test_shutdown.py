@@ -48,7 +48,7 @@ async def test_sigterm_drains_in_flight_calls_and_exits_zero(rls_factory, tmp_pa
     try:
         rls = start_rls(rls_factory, path, args=(
             "--redis-url", redis.url, "--backend-timeout-ms", "3000",
-            "--breaker-cooldown-ms", "200",
+            "--probe-interval-ms", "100",
         ))
         health: list[tuple[float, int]] = []
         # Calls wait for the paused Redis here: a client timeout of 10 s, not HANG_S.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import free_port
+from conftest import free_port, http_get, wait_until
 
 from rls import __version__
 
@@ -132,9 +132,14 @@ descriptors:
 """
     )
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    srv = spawner(config, tmp_path / "closed.yaml", args=("--redis-url", dead))
+    srv = spawner(config, tmp_path / "closed.yaml", args=("--redis-url", dead),
+                  wait_healthy=False)
+    wait_until(lambda: "not ready: redis not reachable" in srv.log(), timeout=30,
+               what="the unreachable store logged")
+    assert http_get(srv.http_url + "/healthcheck")[0] == 500  # not ready without its store
     before = scrape(srv.http_url)
-    assert value(before, "rls_backend_circuit_open", backend="redis") == 0
+    # The store never answered: the breaker is open from the start, calls fail at once.
+    assert value(before, "rls_backend_circuit_open", backend="redis") == 1
     with Grpc(srv.grpc_addr) as client:
         started = time.monotonic()
         codes = [client.one("open", ("k", uid())).overall_code for _ in range(5)]
@@ -147,6 +152,11 @@ descriptors:
     errors = delta(before, after, "rls_backend_errors_total", backend="redis",
                    failure_mode="allow")
     assert errors == 6, f"6 calls failed over to the failure mode, {errors} counted"
+    # Who answered instead of the store, why, per domain.
+    assert delta(before, after, "rls_failure_mode_answers_total", domain="open",
+                 reason="store_down", answer="allow") == 5
+    assert delta(before, after, "rls_failure_mode_answers_total", domain="closed",
+                 reason="store_down", answer="deny") == 1
     assert value(after, "rls_backend_circuit_open", backend="redis") == 1
     assert "backend redis failed" in srv.log()
     # A counter query cannot be answered either: a clean error, not a crash.

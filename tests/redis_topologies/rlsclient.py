@@ -137,10 +137,13 @@ def backend_errors(http_url: str) -> float:
 
 
 def start_rls(rls_factory: Callable[..., Any], config: Path, url: str, *extra: str,
-              timeout: float = 30.0) -> Any:
+              timeout: float = 30.0, ready: bool = True) -> Any:
     """`rls serve` on `url` with the standard flags; fails at once (with its log) if it exits.
 
-    The timeout is generous because importing rls alone took 5 s on a loaded 2-CPU machine."""
+    Waits for /healthcheck 200 (the store accepted rls), or with `ready=False` only for the
+    admin listener (/metrics), for stores that refuse rls. The timeout is generous because
+    importing rls alone took 5 s on a loaded 2-CPU machine."""
+    probe = "/healthcheck" if ready else "/metrics"
     rls = rls_factory(config, args=rls_args(url, *extra), wait_healthy=False)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -149,7 +152,7 @@ def start_rls(rls_factory: Callable[..., Any], config: Path, url: str, *extra: s
                 f"rls exited with {rls.proc.returncode} on --redis-url {url}:\n{rls.log()}"
             )
         try:
-            with urllib.request.urlopen(rls.http_url + "/healthcheck", timeout=1) as resp:
+            with urllib.request.urlopen(rls.http_url + probe, timeout=1) as resp:
                 if resp.status == 200:
                     return rls
         except OSError:

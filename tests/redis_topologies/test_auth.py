@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from conftest import wait_until
+from conftest import http_get, wait_until
 
 from rls.backends.redis import redact
 
@@ -71,13 +71,18 @@ def test_password_urls_work(who: str, auth_redis: AuthSetup, rls_factory, tmp_pa
 
 
 @pytest.mark.parametrize(("who", "mode"), [("requirepass", "allow"), ("acl_user", "deny")])
-def test_wrong_password_fails_fast_with_failure_mode(who: str, mode: str, auth_redis: AuthSetup,
-                                                     rls_factory, tmp_path: Path):
+def test_wrong_password_is_not_ready_says_why_and_fails_fast(
+    who: str, mode: str, auth_redis: AuthSetup, rls_factory, tmp_path: Path
+):
     port = auth_redis.proc.port
     user = "" if who == "requirepass" else ACL_USER
     url = f"redis://{user}:{WRONG_PASSWORD}@127.0.0.1:{port}/0"
     rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), url,
-                    "--failure-mode", mode, "--log-level", "debug")
+                    "--failure-mode", mode, "--log-level", "debug", ready=False)
+    wait_until(lambda: "redis refuses rls" in rls.log(), timeout=10,
+               what="the refusal logged with its reason")
+    status, body = http_get(rls.http_url + "/healthcheck")
+    assert status == 500, (status, body)  # never ready while the store rejects us
     expected = OK if mode == "allow" else OVER
     client = Client(rls.grpc_addr, DOMAIN)
     try:
@@ -91,7 +96,7 @@ def test_wrong_password_fails_fast_with_failure_mode(who: str, mode: str, auth_r
     wait_until(lambda: "backend redis failed" in rls.log(), timeout=5,
                what="the backend failure logged")
     log = rls.log()
-    assert "redis not reachable at start" in log, log
+    assert "invalid username-password pair" in log, log
     assert_no_secret(log)
 
 
