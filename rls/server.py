@@ -84,10 +84,12 @@ async def _flush_metrics(metrics: Metrics, interval: float = 1.0) -> None:
         metrics.flush()
 
 
-async def _start_store(app: App, on_ready: asyncio.Event) -> None:
+async def _start_store(app: App, on_ready: asyncio.Event, attempted: asyncio.Event) -> None:
     """Connect, check and warm the store until it accepts us; then set `on_ready`.
 
-    Until then calls are answered by the failure mode at once (breaker open) and health says
+    `attempted` is set after the first attempt, whatever its outcome: the gRPC port opens only
+    then, so a burst at a cold start meets open connections and loaded scripts. Until the store
+    accepts us, calls are answered by the failure mode at once (breaker open) and health says
     NOT_SERVING; the reason is logged (at most every 10 s while it lasts)."""
     backend = app.backend
     last_log = 0.0
@@ -103,6 +105,7 @@ async def _start_store(app: App, on_ready: asyncio.Event) -> None:
             app.metrics.store_ready.set(1)
             log.info("store %s ready", backend.name)
             on_ready.set()
+            attempted.set()
             return
         breaker = getattr(backend, "breaker", None)
         if breaker is not None:
@@ -111,6 +114,7 @@ async def _start_store(app: App, on_ready: asyncio.Event) -> None:
             log.log(level, "not ready: %s (retrying; failure mode %s answers meanwhile)",
                     why, app.settings.failure_mode)
             last_log = loop.time()
+        attempted.set()
         await asyncio.sleep(0.25)
 
 
@@ -131,9 +135,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
         log.error("initial configuration failed to load; serving errors until it is fixed")
     app.holder.start(settings.reload_interval)
     app.metrics.store_ready.set(0)
-    store_ready = asyncio.Event()
-    starter = asyncio.get_running_loop().create_task(_start_store(app, store_ready))
+    store_ready, attempted = asyncio.Event(), asyncio.Event()
+    starter = asyncio.get_running_loop().create_task(_start_store(app, store_ready, attempted))
     app.limiter.lag.start()
+    await attempted.wait()
 
     handlers = [app.service.handler()]
     cache = None
