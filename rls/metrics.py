@@ -127,6 +127,12 @@ class Metrics:
             buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
             registry=r,
         )
+        self.gc_frozen = Gauge(
+            "rls_gc_frozen_objects",
+            "Objects moved out of the garbage collector's walk after start-up and reloads",
+            registry=r,
+            multiprocess_mode="max",
+        )
         self.loop_lag = Histogram(
             "rls_event_loop_lag_seconds",
             "How late the event loop ran a 5 ms tick (time no waiting call could use)",

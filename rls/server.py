@@ -128,7 +128,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     def config_changed(config: object) -> None:
         if on_config is not None:
             on_config(config)
-        freeze_startup_objects()  # the new config's objects: out of the collector's walk
+        # The new config's objects: out of the collector's walk.
+        app.metrics.gc_frozen.set(freeze_startup_objects())
 
     app.holder.on_change = config_changed
     if not app.holder.reload():
@@ -208,7 +209,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     async def become_ready() -> None:
         """Health says SERVING only once the store accepted us (and never while draining)."""
         await store_ready.wait()
-        freeze_startup_objects()
+        app.metrics.gc_frozen.set(freeze_startup_objects())
         if not state.draining:
             state.store_ready = True
             await set_serving(health, True)
