@@ -534,3 +534,30 @@ def test_match_agrees_with_spec(tree: list[dict[str, Any]], data: st.DataObject)
         assert lim.full_key == full_key
         assert not needs_dynamic_stats(got)
         assert stats_key("d", got, entries) == full_key
+
+
+def test_value_to_metric_with_an_empty_value_names_the_key_alone() -> None:
+    dom = inline_domain(
+        "domain: sd\ndescriptors:\n"
+        "  - key: route\n    value_to_metric: true\n    descriptors:\n"
+        "      - key: method\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+        "sd",
+    )
+    entries = [("route", ""), ("method", "GET")]
+    path = match(dom, entries)
+    assert path is not None and needs_dynamic_stats(path)
+    assert stats_key("sd", path, entries) == "sd.route.method"  # not sd.route_.method
+
+
+def test_detailed_metric_with_share_threshold_keeps_the_wildcard() -> None:
+    dom = inline_domain(
+        "domain: test-domain\ndescriptors:\n"
+        "  - key: service\n    value: 'svc/*'\n    share_threshold: true\n    descriptors:\n"
+        "      - key: endpoint\n        detailed_metric: true\n"
+        "        rate_limit: {unit: second, requests_per_unit: 1}\n",
+        "test-domain",
+    )
+    entries = [("service", "svc/users"), ("endpoint", "get")]
+    path = match(dom, entries)
+    assert path is not None and needs_dynamic_stats(path)
+    assert stats_key("test-domain", path, entries) == "test-domain.service_svc/*.endpoint_get"
