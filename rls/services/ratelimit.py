@@ -59,6 +59,19 @@ class LogGate:
         return count
 
 
+def _envoy_timeout(context: grpc.aio.ServicerContext) -> float | None:
+    """Envoy's filter timeout from `x-envoy-expected-rq-timeout-ms`, when no gRPC deadline
+    came with the call (seconds)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-envoy-expected-rq-timeout-ms":
+            try:
+                ms = int(value)
+            except (TypeError, ValueError):
+                return None
+            return ms / 1000 if ms > 0 else None
+    return None
+
+
 class RateLimitService:
     def __init__(self, limiter: RateLimiter, settings: Settings, metrics: Metrics) -> None:
         self.limiter = limiter
@@ -98,6 +111,8 @@ class RateLimitService:
         # The caller's deadline (Envoy sends its filter timeout) sets the budget, less a margin
         # to send the answer back; without one, --backend-timeout-ms applies.
         remaining = context.time_remaining()
+        if remaining is None:
+            remaining = _envoy_timeout(context)
         budget = None if remaining is None else max(remaining - self._margin, 0.001)
         if self._inflight >= self.settings.max_inflight:
             self.metrics.count_failure_answer(domain, "overloaded", "resource_exhausted")

@@ -18,9 +18,12 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 
+import grpc
 import pytest
 import redis as redis_py
-from conftest import RedisServer, start_redis
+from conftest import RedisServer, http_get, start_redis
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 from rls.backends.breaker import CLOSED, OPEN, CircuitBreaker
 from rls.backends.redis import RedisBackend
@@ -197,3 +200,42 @@ async def test_deny_mode_marks_limited_descriptors_over_limit(
     finally:
         await rig.breaker.stop()
         await rig.backend.close()
+
+
+async def test_an_overloaded_process_says_so_instead_of_answering_ok(
+    rls_factory, debug_redis: RedisServer, tmp_path
+) -> None:
+    """Past --max-inflight a call is refused with RESOURCE_EXHAUSTED (Envoy's own failure mode
+    then decides), counted as answered by `resource_exhausted`, never a silent OK."""
+    debug_redis.client().flushall()
+    path = tmp_path / "d.yaml"
+    path.write_text(CONFIG)
+    rls = rls_factory(path, args=("--redis-url", debug_redis.url, "--max-inflight", "1",
+                                  "--backend-timeout-ms", "3000"))
+    entry = ratelimit_pb2.RateLimitDescriptor.Entry
+    request = rls_pb2.RateLimitRequest(
+        domain="d", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=[entry(key="k",
+                                                                                  value="v")])]
+    )
+    sleeper = threading.Thread(
+        target=lambda: redis_py.Redis(port=debug_redis.port).execute_command(
+            "DEBUG", "SLEEP", "0.5"
+        )
+    )
+    async with grpc.aio.insecure_channel(rls.grpc_addr) as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        await stub.ShouldRateLimit(request)  # connected and warm
+        sleeper.start()
+        await asyncio.sleep(0.05)
+        first = asyncio.ensure_future(stub.ShouldRateLimit(request))  # waits on the frozen store
+        await asyncio.sleep(0.1)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.ShouldRateLimit(request)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        response = await first
+        await asyncio.to_thread(sleeper.join)
+    assert response.statuses[0].HasField("current_limit")  # the waiting call was decided
+    _, body = http_get(rls.http_url + "/metrics")
+    text = body.decode()
+    assert ('rls_failure_mode_answers_total{answer="resource_exhausted",domain="d",'
+            'reason="overloaded"} 1.0') in text
