@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -23,6 +25,7 @@ from rls.config.errors import ConfigError
 from rls.config.reload import ConfigHolder
 from rls.engine.budget import LoopLag
 from rls.engine.limiter import RateLimiter
+from rls.engine.top import TopTalkers, dumps_snapshot
 from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
 from rls.metrics import Metrics
 from rls.services.health import create_health, set_serving
@@ -77,11 +80,20 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-async def _flush_metrics(metrics: Metrics, interval: float = 1.0) -> None:
-    """Push buffered counts into the counters (other workers' /metrics read them from files)."""
+async def _flush_metrics(
+    metrics: Metrics, top: TopTalkers | None = None, interval: float = 1.0
+) -> None:
+    """Push buffered counts into the counters (other workers' /metrics read them from files),
+    and, under --workers, this worker's top talkers for the others' /top."""
+    shared = shared_dir()
+    path = None if shared is None or top is None else Path(shared) / f"top-{os.getpid()}.json"
     while True:
         await asyncio.sleep(interval)
         metrics.flush()
+        if path is not None and top is not None:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(dumps_snapshot(top))
+            tmp.replace(path)  # readers never see a half-written file
 
 
 async def _start_store(app: App, on_ready: asyncio.Event, attempted: asyncio.Event) -> None:
@@ -200,7 +212,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     )
 
     follower = asyncio.get_running_loop().create_task(follow_shared(settings, app.metrics))
-    flusher = asyncio.get_running_loop().create_task(_flush_metrics(app.metrics))
+    flusher = asyncio.get_running_loop().create_task(_flush_metrics(app.metrics, app.limiter.top))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -31,6 +31,7 @@ from rls.engine.fallback import FallbackLimiter
 from rls.engine.keys import counter_key
 from rls.engine.local_cache import OverLimitCache
 from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
+from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.engine.usage import UsageOp, usage_ops
 from rls.metrics import Metrics
 from rls.settings import Settings
@@ -78,6 +79,8 @@ class RateLimiter:
             OverLimitCache(metrics) if self._decide_now is None and settings.local_cache else None
         )
         self._fallback = FallbackLimiter(settings.fallback_share, metrics)
+        self.top = TopTalkers()  # who is over / near their limits (admin /top, `rls top`)
+        self._near_ratio = settings.near_limit_ratio
 
     async def should_rate_limit(
         self,
@@ -134,6 +137,7 @@ class RateLimiter:
             overall = self._report(checks, outcomes, statuses)
             if over_cache is not None and overall == OVER_LIMIT and from_backend:
                 over_cache.remember(checks, outcomes)  # never a fallback (local-share) verdict
+        self._record_top(domain, descriptors, statuses, request_hits)
         if overall == OVER_LIMIT and (
             settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains
         ):
@@ -206,6 +210,30 @@ class RateLimiter:
             checks.append(Check(i, limit, key, hits, flags, dyn, bounds))
 
         return checks
+
+    def _record_top(
+        self,
+        domain: str,
+        descriptors: Sequence[DescriptorIn],
+        statuses: list[Status],
+        request_hits: int,
+    ) -> None:
+        """Feed the top-talkers sketch with descriptors over or near their limit (only those:
+        a call well within its limits costs one comparison per descriptor)."""
+        for desc, status in zip(descriptors, statuses, strict=True):
+            limit = status.limit
+            if limit is None:
+                continue
+            if status.code == OVER_LIMIT:
+                kind = OVER
+            elif limit.requests_per_unit - status.remaining > int(
+                limit.requests_per_unit * self._near_ratio
+            ):  # the reference's near_limit: past 80 % of the limit after this call
+                kind = NEAR
+            else:
+                continue
+            hits = desc.hits if desc.hits is not None else request_hits
+            self.top.record(domain, desc.entries, kind, hits)
 
     def _failure_answer(
         self,
