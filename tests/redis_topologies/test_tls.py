@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import RedisServer, wait_until
+from conftest import RedisServer, http_get, wait_until
 
 from .rlsclient import (
     OK,
@@ -69,7 +69,11 @@ def test_tls_misconfiguration_fails_fast_with_failure_mode(
         "rediss_to_plain_port": f"rediss://127.0.0.1:{redis_server.port}/0",
         "redis_to_tls_port": f"redis://127.0.0.1:{tls_redis.port}/0",
     }[case]
-    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), url, "--failure-mode", mode)
+    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), url, "--failure-mode", mode,
+                    ready=False)
+    wait_until(lambda: "not ready: redis not reachable" in rls.log(), timeout=10,
+               what="the unusable store logged")
+    assert http_get(rls.http_url + "/healthcheck")[0] == 500  # never ready on a bad TLS setup
     expected = OK if mode == "allow" else OVER
     client = Client(rls.grpc_addr, DOMAIN)
     try:
