@@ -102,9 +102,15 @@ class Stack:
                 and stores == m("rls_cache_cacheable_misses_total")
                 and refreshes == m("rls_cache_hits_total"))
 
+    def write_counts(self) -> str:
+        names = ("cacheable_misses_total", "stores_total", "store_failures_total", "hits_total",
+                 "refreshes_total", "refresh_failures_total", "writes_dropped_total",
+                 "write_queue")
+        return ", ".join(f"{n}={self.metric('rls_cache_' + n):g}" for n in names)
+
     def wait_writer_idle(self) -> None:
         poll(self.writes_settled, 15, "the cache writer to be idle with its metrics adding up",
-             self.logs)
+             lambda: f"{self.write_counts()}\n{self.logs()}")
 
     def ext_proc_stat(self, name: str) -> int:
         full = f"http.gateway.ext_proc.{name}"
