@@ -231,7 +231,13 @@ class MemoryCacheStore(GuardedStore):
 
     def bind_metrics(self, metrics: CacheMetrics) -> None:
         self._metrics = metrics
-        metrics.memory_bytes.set_function(lambda: self.size)
+        self._resized()
+
+    def _resized(self) -> None:
+        # Set on every change rather than set_function: with --workers, prometheus_client's
+        # multiprocess mode reads gauges from files, where a callback never lands.
+        if self._metrics is not None:
+            self._metrics.memory_bytes.set(self.size)
 
     @staticmethod
     def _cost(key: str, value: bytes) -> int:
@@ -240,6 +246,7 @@ class MemoryCacheStore(GuardedStore):
     def _remove(self, key: str) -> None:
         value, _ = self.data.pop(key)
         self.size -= self._cost(key, value)
+        self._resized()
 
     def _live(self, key: str) -> bytes | None:
         item = self.data.get(key)
@@ -269,6 +276,7 @@ class MemoryCacheStore(GuardedStore):
             self._evicted()
         self.data[key] = (value, time.monotonic() + ttl)
         self.size += cost
+        self._resized()
 
     def _evicted(self) -> None:
         if self._metrics is not None:
