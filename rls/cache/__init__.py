@@ -42,7 +42,8 @@ def build_cache(
     """Servicer and cache from a rules file (raises ConfigError) and a store URL.
 
     The store is `store_url` if given, else the file's `store:`, else in-process memory (one
-    process only: fine for a demo, not for several replicas or workers). Connecting is lazy:
+    process only, an LRU within `memory_max_bytes`: fine for a demo, not for several replicas or
+    workers). Connecting is lazy:
     a store that is down at start only means uncached requests until it answers.
     """
     from rls.services.extproc import ExtProcService
@@ -52,6 +53,8 @@ def build_cache(
     url = store_url or config.store
     if not url:
         log.warning("no cache store URL given: entries live in this process's memory only")
-    store = create_store(url, timeout_ms=config.store_timeout_ms)
+    store = create_store(
+        url, timeout_ms=config.store_timeout_ms, memory_max_bytes=config.memory_max_bytes
+    )
     cache = ResponseCache(config, store, CacheMetrics(registry))
     return ExtProcService(cache), cache

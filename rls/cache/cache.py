@@ -10,14 +10,19 @@ the same process waits for that fill at most `coalesce_wait_ms` (default 100 ms,
 default 200 ms message timeout), then looks up again and, still missing, goes upstream itself.
 Waiting longer needs Envoy's `max_message_timeout` raised: the servicer asks Envoy for more time
 (`override_message_timeout`) before it waits.
+
+Writes (a miss's store, a hit's TTL refresh) go through `CacheWriter` (rls/cache/writer.py):
+the servicer submits them before its reply goes out, so Envoy closing the stream cannot lose
+them; `close` drains them within `write_drain_ms`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +31,7 @@ from rls.cache.entry import KIND_VARY, Entry, EntryError
 from rls.cache.keys import Headers, entry_key, request_digest, vary_digest, version_key
 from rls.cache.metrics import CacheMetrics
 from rls.cache.store import GuardedStore, StoreDown, StoreError
+from rls.cache.writer import REFRESH, STORE, CacheWriter, WriteJob
 
 log = logging.getLogger("rls.cache")
 
@@ -85,8 +91,11 @@ class ResponseCache:
         self.metrics = metrics
         self.clock = clock
         self.fills: dict[str, Fill] = {}
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.writer = CacheWriter(
+            metrics, config.writer_workers, config.write_queue_size, config.write_queue_bytes
+        )
         self._versions: dict[str, tuple[str, float]] = {}
+        store.bind_metrics(metrics)
 
     # ------------------------------------------------------------------ keys and versions
 
@@ -193,18 +202,43 @@ class ResponseCache:
     def age(self, entry: Entry) -> int:
         return max(0, int(self.clock() - entry.stored_at_ms / 1000))
 
-    async def refresh(self, rule: CacheRule, keys: list[str]) -> None:
+    def refresh_job(self, rule: CacheRule, keys: list[str]) -> WriteJob:
+        """The TTL refresh of a hit, for the writer (submitted before the hit is answered)."""
+        return WriteJob(REFRESH, rule.api, functools.partial(self.refresh, rule, keys))
+
+    async def refresh(self, rule: CacheRule, keys: list[str]) -> bool:
         """Push the TTL of a hit entry (and its Vary pointer) back to the rule's full TTL."""
         for key in keys:
             try:
                 await self.store.expire(key, rule.ttl)
             except StoreDown:
-                return
+                return False
             except StoreError as exc:
                 self.metrics.errors.labels(exc.op).inc()
-                return
+                return False
+        return True
 
     # ------------------------------------------------------------------ store
+
+    def store_job(
+        self,
+        rk: RequestKey,
+        status: int,
+        headers: tuple[tuple[str, bytes], ...],
+        body: bytes,
+        vary: frozenset[str],
+        fill: Fill | None,
+    ) -> WriteJob:
+        """The store of a cacheable miss, for the writer; the job owns `fill` from now on."""
+        self.metrics.cacheable_misses.labels(rk.rule.api).inc()
+        size = len(body) + sum(len(n) + len(v) for n, v in headers)
+        return WriteJob(
+            STORE,
+            rk.rule.api,
+            functools.partial(self.save, rk, status, headers, body, vary, fill),
+            size,
+            None if fill is None else fill.release,
+        )
 
     async def save(
         self,
@@ -214,8 +248,8 @@ class ResponseCache:
         body: bytes,
         vary: frozenset[str],
         fill: Fill | None,
-    ) -> None:
-        """Write one response (run as a background task, after Envoy got its reply)."""
+    ) -> bool:
+        """Write one response; True when written. Runs in the writer, after the reply."""
         rule = rk.rule
         try:
             now_ms = int(self.clock() * 1000)
@@ -230,13 +264,14 @@ class ResponseCache:
                 await self.store.set(rk.base_key, pointer, rule.ttl)
             else:
                 await self.store.set(rk.base_key, data, rule.ttl)
-            self.metrics.stores.labels(rule.api).inc()
             self.metrics.stored_bytes.labels(rule.api).inc(len(data))
+            return True
         except StoreDown:
-            self.metrics.bypasses.labels("store_down").inc()
+            return False
         except StoreError as exc:
             self.metrics.errors.labels(exc.op).inc()
             log.warning("%s; response not cached", exc)
+            return False
         finally:
             if fill is not None:
                 fill.release()
@@ -263,6 +298,7 @@ class ResponseCache:
             "store": self.store.name,
             "store_down": self.store.down,
             "fills_in_progress": len(self.fills),
+            "writes_pending": self.writer.pending,
             "apis": sorted(self.config.apis),
             "rules": [
                 {
@@ -278,16 +314,11 @@ class ResponseCache:
             "counters": self.metrics.snapshot(),
         }
 
-    # ------------------------------------------------------------------ background work
+    # ------------------------------------------------------------------ shutdown
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run `coro` in the background, keeping a reference so it is not collected early."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def close(self, timeout: float = 2.0) -> None:
-        """Let pending stores finish (bounded), then close the store connection."""
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=timeout)
+    async def close(self, timeout: float | None = None) -> None:
+        """Drain pending writes (bounded by `write_drain_ms`), then close the store."""
+        if timeout is None:
+            timeout = self.config.write_drain_ms / 1000
+        await self.writer.close(timeout)
         await self.store.close()

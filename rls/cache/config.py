@@ -21,14 +21,20 @@ DEFAULT_TTL = 7 * DAY
 MAX_TTL = 10 * 365 * DAY
 DEFAULT_MAX_ENTRY = 1024 * 1024
 MAX_ENTRY_LIMIT = 64 * 1024 * 1024  # far above sane Envoy buffers; SSDB caps a request at 128 MiB
+DEFAULT_MEMORY_BYTES = 64 * 1024 * 1024
+DEFAULT_QUEUE_BYTES = 64 * 1024 * 1024
+MAX_BUDGET = 64 * 1024**3
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 _API_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # bounded: it is part of every store key
 _HEADER_RE = re.compile(r"^:?[a-z0-9!#$%&'*+.^_`|~-]{1,128}$")
 _DURATION_RE = re.compile(r"^\s*(\d+)\s*(s|m|h|d|w)?\s*$")
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(b|kb|kib|mb|mib)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(b|kb|kib|mb|mib|gb|gib)?\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": DAY, "w": 7 * DAY}
-_SIZE_UNITS = {None: 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2}
+_SIZE_UNITS = {
+    None: 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2, "gb": 1000**3,
+    "gib": 1024**3,
+}
 
 TOP_LEVEL = frozenset(
     {
@@ -39,6 +45,11 @@ TOP_LEVEL = frozenset(
         "store_timeout_ms",
         "coalesce_wait_ms",
         "version_cache_ms",
+        "memory_max_bytes",
+        "writer_workers",
+        "write_queue_size",
+        "write_queue_bytes",
+        "write_drain_ms",
     }
 )
 RULE_KEYS = frozenset(
@@ -107,6 +118,13 @@ class CacheConfig:
     store_timeout_ms: int = 50
     coalesce_wait_ms: int = 100
     version_cache_ms: int = 1000
+    # memory:// store: LRU budget in bytes (keys + values + per-entry overhead)
+    memory_max_bytes: int = DEFAULT_MEMORY_BYTES
+    # Background writer (rls/cache/writer.py): workers, queue bounds, drain deadline at shutdown
+    writer_workers: int = 4
+    write_queue_size: int = 1000
+    write_queue_bytes: int = DEFAULT_QUEUE_BYTES
+    write_drain_ms: int = 2000
     file: str = "<memory>"
     apis: frozenset[str] = field(default=frozenset())
 
@@ -187,6 +205,13 @@ def build_cache_config(file: str, doc: Any) -> CacheConfig:
     timeout = _int(file, "store_timeout_ms", doc.get("store_timeout_ms", 50), 1, 10_000)
     coalesce = _int(file, "coalesce_wait_ms", doc.get("coalesce_wait_ms", 100), 0, 60_000)
     version_ms = _int(file, "version_cache_ms", doc.get("version_cache_ms", 1000), 0, 60_000)
+    memory = _size(file, "'memory_max_bytes'", doc.get("memory_max_bytes", DEFAULT_MEMORY_BYTES),
+                   MAX_BUDGET, "64GiB")
+    workers = _int(file, "writer_workers", doc.get("writer_workers", 4), 1, 64)
+    queue_size = _int(file, "write_queue_size", doc.get("write_queue_size", 1000), 1, 1_000_000)
+    queue_bytes = _size(file, "'write_queue_bytes'",
+                        doc.get("write_queue_bytes", DEFAULT_QUEUE_BYTES), MAX_BUDGET, "64GiB")
+    drain_ms = _int(file, "write_drain_ms", doc.get("write_drain_ms", 2000), 0, 60_000)
 
     rules = tuple(_rule(file, i, r, attribute) for i, r in enumerate(rules_doc))
     return CacheConfig(
@@ -197,6 +222,11 @@ def build_cache_config(file: str, doc: Any) -> CacheConfig:
         store_timeout_ms=timeout,
         coalesce_wait_ms=coalesce,
         version_cache_ms=version_ms,
+        memory_max_bytes=memory,
+        writer_workers=workers,
+        write_queue_size=queue_size,
+        write_queue_bytes=queue_bytes,
+        write_drain_ms=drain_ms,
         file=file,
         apis=frozenset(r.api for r in rules),
     )
@@ -356,8 +386,9 @@ def _duration(file: str, where: str, value: Any) -> int:
     return seconds
 
 
-def _size(file: str, where: str, value: Any) -> int:
-    """Bytes from `1048576`, `"512KiB"`, `"1MiB"`, `"1MB"`."""
+def _size(file: str, where: str, value: Any, maximum: int = MAX_ENTRY_LIMIT,
+          maximum_text: str = "64MiB") -> int:
+    """Bytes from `1048576`, `"512KiB"`, `"1MiB"`, `"1MB"`, `"1GiB"`."""
     size: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         size = value
@@ -366,6 +397,8 @@ def _size(file: str, where: str, value: Any) -> int:
         if m:
             unit = m.group(2).lower() if m.group(2) else None
             size = int(m.group(1)) * _SIZE_UNITS[unit]
-    if size is None or not 1 <= size <= MAX_ENTRY_LIMIT:
-        raise ConfigError(file, f"{where} must be a size from 1 byte to 64MiB (e.g. 512KiB, 1MiB)")
+    if size is None or not 1 <= size <= maximum:
+        raise ConfigError(
+            file, f"{where} must be a size from 1 byte to {maximum_text} (e.g. 512KiB, 1MiB)"
+        )
     return size

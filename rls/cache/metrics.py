@@ -1,7 +1,16 @@
 """Prometheus metrics of the response cache (`rls_cache_*`), on a registry passed in.
 
-Labels are bounded: `api` comes from the rules file, `reason` and `op` from fixed sets in the
-code; request values never become labels.
+Labels are bounded: `api` comes from the rules file, `reason`, `op` and `kind` from fixed sets
+in the code; request values never become labels.
+
+The write counters add up, so a lost write is always visible (docs/cache.md, "Metrics"):
+
+    cacheable_misses{api} = stores{api} + store_failures{api}
+                            + writes_dropped{kind="store", api} + (store jobs still queued)
+    hits{api}             = refreshes{api} + refresh_failures{api}
+                            + writes_dropped{kind="refresh", api} + (refresh jobs still queued)
+
+`rls_cache_write_queue` is 0 once every write handed to the writer has an outcome.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ BYPASS_REASONS = (
     "partial_body",  # response_body with end_of_stream false
 )
 ERROR_OPS = ("version", "get", "set", "expire", "purge", "decode")
+WRITE_KINDS = ("store", "refresh")
 
 
 class CacheMetrics:
@@ -42,8 +52,49 @@ class CacheMetrics:
             "rls_cache_misses", "Cacheable requests sent upstream (not in the cache)", ["api"],
             registry=r,
         )
+        self.cacheable_misses = Counter(
+            "rls_cache_cacheable_misses",
+            "Misses whose response was storable and handed to the writer (x-cache: MISS)",
+            ["api"], registry=r,
+        )
         self.stores = Counter("rls_cache_stores", "Responses written to the store", ["api"],
                               registry=r)
+        self.store_failures = Counter(
+            "rls_cache_store_failures",
+            "Storable responses the writer could not write (store error, timeout or down)",
+            ["api"], registry=r,
+        )
+        self.refreshes = Counter(
+            "rls_cache_refreshes", "Hits whose entry TTL was pushed back to the full TTL",
+            ["api"], registry=r,
+        )
+        self.refresh_failures = Counter(
+            "rls_cache_refresh_failures",
+            "Hits whose TTL refresh failed (store error, timeout or down)", ["api"], registry=r,
+        )
+        self.writes_dropped = Counter(
+            "rls_cache_writes_dropped",
+            "Stores and refreshes never attempted: writer queue full, or shutdown deadline",
+            ["kind", "api"], registry=r,
+        )
+        self.write_queue = Gauge(
+            "rls_cache_write_queue", "Stores and refreshes queued or running in the writer",
+            registry=r,
+        )
+        self.write_queue_bytes = Gauge(
+            "rls_cache_write_queue_bytes", "Entry bytes held by queued or running stores",
+            registry=r,
+        )
+        self.memory_bytes = Gauge(
+            "rls_cache_memory_store_bytes",
+            "Bytes held by the in-process memory store (keys, values and per-entry overhead)",
+            registry=r,
+        )
+        self.memory_evictions = Counter(
+            "rls_cache_memory_store_evictions",
+            "Entries the memory store evicted (least recently used first) to stay in budget",
+            registry=r,
+        )
         self.stored_bytes = Counter(
             "rls_cache_stored_bytes", "Bytes of entries written to the store", ["api"], registry=r
         )
@@ -87,7 +138,7 @@ class CacheMetrics:
                     continue
                 name = sample.name.removeprefix("rls_cache_")
                 if sample.labels:
-                    label = next(iter(sample.labels.values()))
+                    label = "/".join(sample.labels.values())  # e.g. "store/translate"
                     out.setdefault(name, {})[label] = sample.value
                 else:
                     out[name] = sample.value

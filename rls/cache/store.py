@@ -8,7 +8,7 @@ fast (`StoreDown`) instead of making every request wait for a dead server's time
 URL schemes: `redis://`, `rediss://`, `unix://` (redis-py, RESP3 as it likes; GET, SET PX,
 PEXPIRE), `ssdb://[:password@]host:port` (same client restricted to GET, SETEX, EXPIRE over
 RESP2, no HELLO, no CLIENT SETINFO, no SELECT: see reference/ssdb.md), `memory://` (one
-process; for tests and demos).
+process, an LRU bounded in bytes; for tests, demos and single-process use).
 """
 
 from __future__ import annotations
@@ -17,14 +17,19 @@ import asyncio
 import hashlib
 import time
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+
+if TYPE_CHECKING:
+    from rls.cache.metrics import CacheMetrics
 
 T = TypeVar("T")
 
@@ -102,6 +107,10 @@ class GuardedStore(ABC):
     async def close(self) -> None:
         return None
 
+    def bind_metrics(self, metrics: CacheMetrics) -> None:
+        """Hook for stores with metrics of their own (the memory store's size)."""
+        return None
+
     # backend primitives, one set per store kind
     @abstractmethod
     async def _get(self, key: str) -> bytes | None: ...
@@ -143,14 +152,21 @@ class RedisCacheStore(GuardedStore):
             "socket_timeout": seconds,
             "socket_connect_timeout": (connect_timeout_ms or timeout_ms) / 1000,
             "max_connections": pool_size,
-            "retry": Retry(NoBackoff(), 0),  # the deadline is ours: no hidden retries
+            # A burst larger than the pool waits for a free connection (within the same
+            # deadline) instead of failing with "Too many connections", which would count
+            # as store failures and could mark a healthy store down.
+            "timeout": seconds,
+            # One retry, on a connection error only: after a store restart every pooled
+            # connection is dead, and without it each would fail one request (and three in a
+            # row mark the store down). Timeouts are never retried: the deadline is ours.
+            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         }
         if ssdb:
             parts = urlsplit(url)
             db = parts.path.strip("/")
             if db not in ("", "0"):
                 raise ValueError(f"{url}: SSDB has only database 0 (no SELECT)")
-            self.client: Any = aioredis.Redis(
+            pool = aioredis.BlockingConnectionPool(
                 host=parts.hostname or "127.0.0.1",
                 port=parts.port or 8888,
                 db=0,
@@ -160,7 +176,8 @@ class RedisCacheStore(GuardedStore):
                 **common,
             )
         else:
-            self.client = aioredis.from_url(url, **common)
+            pool = aioredis.BlockingConnectionPool.from_url(url, **common)
+        self.client: Any = aioredis.Redis.from_pool(pool)  # aclose() closes the pool too
 
     async def _get(self, key: str) -> bytes | None:
         value = await self.client.get(key)
@@ -189,14 +206,47 @@ class RedisCacheStore(GuardedStore):
         await self.client.aclose()
 
 
+ENTRY_OVERHEAD = 100  # bytes per entry on top of key and value: dict slot, tuple, objects
+
+
 class MemoryCacheStore(GuardedStore):
-    """A dict with expiry; single process, no size bound beyond entry TTLs (tests, demos)."""
+    """An LRU with expiry, bounded in bytes; one process (tests, demos, a single replica).
+
+    Each entry costs `len(key) + len(value) + ENTRY_OVERHEAD` bytes of `max_bytes`; a write
+    that would exceed the budget evicts least recently used entries first (expired ones go
+    when reached, or when they are the oldest). A value larger than the whole budget is not
+    kept. Version keys live apart and are never evicted: evicting one would revive a purged
+    namespace.
+    """
 
     name = "memory"
 
-    def __init__(self, timeout_ms: int = 50) -> None:
+    def __init__(self, timeout_ms: int = 50, max_bytes: int = 64 << 20) -> None:
         super().__init__(timeout_ms)
-        self.data: dict[str, tuple[bytes, float | None]] = {}
+        self.max_bytes = max_bytes
+        self.data: OrderedDict[str, tuple[bytes, float | None]] = OrderedDict()
+        self.versions: dict[str, bytes] = {}
+        self.size = 0
+        self._metrics: CacheMetrics | None = None
+
+    def bind_metrics(self, metrics: CacheMetrics) -> None:
+        self._metrics = metrics
+        self._resized()
+
+    def _resized(self) -> None:
+        # Set on every change rather than set_function: with --workers, prometheus_client's
+        # multiprocess mode reads gauges from files, where a callback never lands.
+        if self._metrics is not None:
+            self._metrics.memory_bytes.set(self.size)
+
+    @staticmethod
+    def _cost(key: str, value: bytes) -> int:
+        return len(key.encode()) + len(value) + ENTRY_OVERHEAD
+
+    def _remove(self, key: str) -> None:
+        value, _ = self.data.pop(key)
+        self.size -= self._cost(key, value)
+        self._resized()
 
     def _live(self, key: str) -> bytes | None:
         item = self.data.get(key)
@@ -204,15 +254,33 @@ class MemoryCacheStore(GuardedStore):
             return None
         value, deadline = item
         if deadline is not None and time.monotonic() >= deadline:
-            del self.data[key]
+            self._remove(key)
             return None
+        self.data.move_to_end(key)  # most recently used
         return value
 
     async def _get(self, key: str) -> bytes | None:
+        if key in self.versions:
+            return self.versions[key]
         return self._live(key)
 
     async def _set(self, key: str, value: bytes, ttl: int) -> None:
+        if key in self.data:
+            self._remove(key)
+        cost = self._cost(key, value)
+        if cost > self.max_bytes:
+            self._evicted()
+            return
+        while self.data and self.size + cost > self.max_bytes:
+            self._remove(next(iter(self.data)))  # least recently used
+            self._evicted()
         self.data[key] = (value, time.monotonic() + ttl)
+        self.size += cost
+        self._resized()
+
+    def _evicted(self) -> None:
+        if self._metrics is not None:
+            self._metrics.memory_evictions.inc()
 
     async def _expire(self, key: str, ttl: int) -> None:
         value = self._live(key)
@@ -220,7 +288,7 @@ class MemoryCacheStore(GuardedStore):
             self.data[key] = (value, time.monotonic() + ttl)
 
     async def _set_version(self, key: str, value: bytes) -> None:
-        self.data[key] = (value, None)
+        self.versions[key] = value
 
     def ttl(self, key: str) -> float | None:
         item = self.data.get(bound_key(key))
@@ -229,10 +297,12 @@ class MemoryCacheStore(GuardedStore):
         return item[1] - time.monotonic()
 
 
-def create_store(url: str | None, timeout_ms: int = 50) -> GuardedStore:
+def create_store(
+    url: str | None, timeout_ms: int = 50, memory_max_bytes: int = 64 << 20
+) -> GuardedStore:
     """A store for `url` (`redis://`, `rediss://`, `unix://`, `ssdb://`, `memory://`)."""
     if not url or url == "memory://":
-        return MemoryCacheStore(timeout_ms)
+        return MemoryCacheStore(timeout_ms, memory_max_bytes)
     scheme = urlsplit(url).scheme
     if scheme == "ssdb":
         return RedisCacheStore(url, ssdb=True, timeout_ms=timeout_ms)

@@ -4,15 +4,23 @@ Envoy opens one bidi stream per HTTP request and, with the filter config of
 envoy/gateway-cache.yaml, sends only the request headers unless this servicer asks for more.
 Every message gets exactly one reply, in order (envoy.md §5). The flow:
 
-- request_headers: no rule → empty reply (proceed), nothing else on this stream. The key needs
-  the body and there is one → reply with `mode_override` {request body BUFFERED, response
-  headers SEND} and look up on request_body. Otherwise look up now. Hit → ImmediateResponse;
-  miss → `mode_override` {response headers SEND} (body still NONE).
-- response_headers: add `x-cache: MISS`. If the headers allow storing (status, Cache-Control,
-  Set-Cookie, Vary) and the Content-Length is within max_entry_bytes, opt into the body with
-  `mode_override` {response body BUFFERED}; otherwise leave it NONE.
-- response_body (end_of_stream true, within max_entry_bytes): reply first, then store in the
-  background; the reply never waits for the store.
+- request_headers: no rule, or a request that bypasses the cache → reply with `mode_override`
+  {response headers SEND} only, so the response can be marked `x-cache: BYPASS` (the reason is a
+  metric label). The key needs the body and there is one → reply with `mode_override` {request
+  body BUFFERED, response headers SEND} and look up on request_body. Otherwise look up now.
+  Hit → ImmediateResponse (`x-cache: HIT`, `age`); miss → `mode_override` {response headers
+  SEND} (body still NONE).
+- response_headers: add `x-cache: MISS` when the headers allow storing (status,
+  Cache-Control, Set-Cookie, Vary, Content-Length within max_entry_bytes) and opt into the body
+  with `mode_override` {response body BUFFERED}; otherwise add `x-cache: BYPASS`.
+- response_body (end_of_stream true, within max_entry_bytes): hand the store to the cache's
+  writer, then reply. Too large or partial: reply with `x-cache: BYPASS` (header mutations in a
+  body reply apply in BUFFERED mode, when the headers are still held).
+
+Every write (a miss's store, a hit's TTL refresh) is handed to the writer *before* the reply
+that ends the stream is written: Envoy ends the stream on that reply and grpc.aio cancels this
+handler, so work started after the write may never start (rls/cache/writer.py). The reply
+still never waits for the store.
 
 Why the body is asked for only at response_headers, measured on Envoy 1.40: with BUFFERED
 asked at request time, Envoy buffers the response body while it waits for the
@@ -32,7 +40,7 @@ gateway-cache.yaml). When the stream ends with a cancel instead of a clean end, 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +54,7 @@ from rls.cache.cache import Fill, RequestKey, ResponseCache
 from rls.cache.config import CacheRule
 from rls.cache.entry import Entry, cache_control, never_store_reason, storable_headers, vary_names
 from rls.cache.keys import Headers, select_rule
+from rls.cache.writer import WriteJob
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 ATTRIBUTES = "envoy.filters.http.ext_proc"
@@ -66,7 +75,8 @@ WAIT_HEADROOM = 0.1  # asked of Envoy on top of the coalescing wait, for the loo
 
 @dataclass(slots=True)
 class _Stream:
-    """Per-HTTP-request state. `phase`: idle → body? → fill → response_body → done."""
+    """Per-HTTP-request state. `phase`: idle → body? → fill → response_body → done, or
+    idle → body? → bypass (response headers get `x-cache: BYPASS`) → done."""
 
     phase: str = "idle"
     rule: CacheRule | None = None
@@ -80,7 +90,7 @@ class _Stream:
     vary: frozenset[str] = frozenset()
 
 
-Reply = tuple[pb.ProcessingResponse, Coroutine[Any, Any, None] | None]
+Reply = tuple[pb.ProcessingResponse, WriteJob | None]
 AskForTime = Callable[[float], Awaitable[None]]
 
 
@@ -102,9 +112,8 @@ class ExtProcService:
         )
 
     async def process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        """One stream: read a message, write its reply, then start any background store."""
+        """One stream: read a message, hand any write to the writer, then write the reply."""
         st = _Stream()
-        job: Coroutine[Any, Any, None] | None = None
 
         async def ask_for_time(wait: float) -> None:
             # Not a reply: Envoy restarts its message timer (up to max_message_timeout) and
@@ -119,17 +128,16 @@ class ExtProcService:
                 if request is grpc.aio.EOF:
                     return
                 reply, job = await self._handle(st, request, ask_for_time)
-                await context.write(reply)
                 if job is not None:
-                    self.cache.spawn(job)  # the reply is out; the store never delays it
-                    job = None
-                    st.fill = None  # released by the store task when it is done
+                    # Before the reply: once Envoy has it, it ends the stream and this handler
+                    # may be cancelled at any await. submit() does not await.
+                    self.cache.writer.submit(job)
+                    st.fill = None  # the job owns it now (released when written or dropped)
+                await context.write(reply)
         except (grpc.RpcError, ConnectionError):
             return  # Envoy may end a stream with an error after the last reply: normal
         finally:
             # A cancel (Envoy ending the stream, server shutdown) propagates, after cleanup.
-            if job is not None:
-                job.close()  # never started: it cannot release the fill, so do it here
             if st.fill is not None:
                 st.fill.release()
 
@@ -143,6 +151,9 @@ class ExtProcService:
             return await self._request_body(st, request.request_body, ask)
         if kind == "response_headers" and st.phase == "fill":
             return self._response_headers(st, request.response_headers)
+        if kind == "response_headers" and st.phase == "bypass":
+            st.phase = "done"
+            return _marked("response_headers", b"BYPASS"), None
         if kind == "response_body" and st.phase == "response_body":
             return self._response_body(st, request.response_body)
         return _empty(kind), None
@@ -158,10 +169,10 @@ class ExtProcService:
         rule, reason = select_rule(self.cache.config, method, _attributes(request), headers)
         st.phase = "done"
         if rule is None:
-            return self._bypass(reason, "request_headers")
+            return self._bypass(st, reason, "request_headers")
         directives = cache_control(headers)
         if "no-store" in directives:
-            return self._bypass("request_no_store", "request_headers")
+            return self._bypass(st, "request_no_store", "request_headers")
         st.rule, st.method, st.headers = rule, method, headers
         st.skip_read = "no-cache" in directives
         if rule.key.body and not msg.end_of_stream:
@@ -173,8 +184,7 @@ class ExtProcService:
 
     async def _request_body(self, st: _Stream, msg: pb.HttpBody, ask: AskForTime) -> Reply:
         if not msg.end_of_stream:
-            st.phase = "done"
-            return self._bypass("partial_request_body", "request_body")
+            return self._bypass(st, "partial_request_body", "request_body")
         return await self._lookup(st, msg.body, "request_body", ask)
 
     async def _lookup(self, st: _Stream, body: bytes, kind: str, ask: AskForTime) -> Reply:
@@ -187,10 +197,9 @@ class ExtProcService:
         if result.entry is not None:
             st.phase = "done"
             self.metrics.hits.labels(rule.api).inc()
-            return self._hit(result.entry), self.cache.refresh(rule, result.keys)
+            return self._hit(result.entry), self.cache.refresh_job(rule, result.keys)
         if result.error is not None:
-            st.phase = "done"
-            return self._bypass(result.error, kind)
+            return self._bypass(st, result.error, kind)
         self.metrics.misses.labels(rule.api).inc()
         st.rk, st.fill, st.phase = rk, result.fill, "fill"
         reply = _empty(kind)
@@ -217,26 +226,23 @@ class ExtProcService:
     def _response_headers(self, st: _Stream, msg: pb.HttpHeaders) -> Reply:
         assert st.rule is not None
         headers = Headers.from_proto(msg.headers)
-        reply = _empty("response_headers")
-        mutation = reply.response_headers.response.header_mutation
-        _set_header(mutation, "x-cache", b"MISS", _OVERWRITE)
         status_text = headers.text(":status")
         status = int(status_text) if status_text.isdigit() else 0
         reason = never_store_reason(st.rule, status, headers)
         st.phase = "done"
+        if reason is None and not msg.end_of_stream and not headers.has("content-length") \
+                and not st.rule.buffer_unknown_length:
+            reason = "unknown_length"
         if reason is not None:
             self.metrics.bypasses.labels(reason).inc()
             self._release(st)
-            return reply, None
+            return _marked("response_headers", b"BYPASS"), None
+        reply = _marked("response_headers", b"MISS")
         st.status = status
         st.stored_headers = storable_headers(headers)
         st.vary = frozenset(vary_names(headers) or ())
         if msg.end_of_stream:  # no body will follow (e.g. 204): store what we have
             return reply, self._save(st, b"")
-        if not headers.has("content-length") and not st.rule.buffer_unknown_length:
-            self.metrics.bypasses.labels("unknown_length").inc()
-            self._release(st)
-            return reply, None
         # Known length within max_entry_bytes (checked above), or the rule accepts the risk.
         st.phase = "response_body"
         reply.mode_override.CopyFrom(RESPONSE_BODY)
@@ -244,31 +250,49 @@ class ExtProcService:
 
     def _response_body(self, st: _Stream, msg: pb.HttpBody) -> Reply:
         assert st.rule is not None
-        reply = _empty("response_body")
         st.phase = "done"
+        reason = None
         if not msg.end_of_stream:
-            self.metrics.bypasses.labels("partial_body").inc()
+            reason = "partial_body"
+        elif len(msg.body) > st.rule.max_entry_bytes:
+            reason = "too_large"
+        if reason is not None:
+            # BUFFERED: Envoy still holds the headers, so this replaces the MISS sent earlier.
+            self.metrics.bypasses.labels(reason).inc()
             self._release(st)
-            return reply, None
-        if len(msg.body) > st.rule.max_entry_bytes:
-            self.metrics.bypasses.labels("too_large").inc()
-            self._release(st)
-            return reply, None
-        return reply, self._save(st, msg.body)
+            return _marked("response_body", b"BYPASS"), None
+        return _empty("response_body"), self._save(st, msg.body)
 
-    def _save(self, st: _Stream, body: bytes) -> Coroutine[Any, Any, None]:
-        """The store job; `process` hands the fill over to it once the job is running."""
+    def _save(self, st: _Stream, body: bytes) -> WriteJob:
+        """The store job; `process` hands it (and the fill with it) to the writer."""
         assert st.rk is not None
-        return self.cache.save(st.rk, st.status, st.stored_headers, body, st.vary, st.fill)
+        return self.cache.store_job(st.rk, st.status, st.stored_headers, body, st.vary, st.fill)
 
     def _release(self, st: _Stream) -> None:
         if st.fill is not None:
             st.fill.release()
             st.fill = None
 
-    def _bypass(self, reason: str, kind: str) -> Reply:
+    def _bypass(self, st: _Stream, reason: str, kind: str) -> Reply:
+        """Go upstream uncached; ask for the response headers to mark them `x-cache: BYPASS`.
+
+        After request_body the response headers are already asked for; a mode_override would
+        be ignored there (Envoy honours it only in replies to header messages).
+        """
         self.metrics.bypasses.labels(reason).inc()
-        return _empty(kind), None
+        st.phase = "bypass"
+        reply = _empty(kind)
+        if kind == "request_headers":
+            reply.mode_override.CopyFrom(RESPONSE_HEADERS)
+        return reply, None
+
+
+def _marked(kind: str, value: bytes) -> pb.ProcessingResponse:
+    """The empty reply for a response message, setting `x-cache: value`."""
+    reply = _empty(kind)
+    mutation = getattr(reply, kind).response.header_mutation
+    _set_header(mutation, "x-cache", value, _OVERWRITE)
+    return reply
 
 
 def _empty(kind: str | None) -> pb.ProcessingResponse:

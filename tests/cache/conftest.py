@@ -1,7 +1,14 @@
-"""Fixtures of the cache tests. `cache_stack` (module scope) runs the whole chain once:
-a Redis of its own (so a test may stop it), the scriptable backend, the ExtProc servicer with
-the rules below in a thread, and Envoy on envoy/gateway-cache.yaml; `stack` hands it to a test
-with Redis flushed and the backend's call counter at zero.
+"""Fixtures of the cache tests.
+
+Stores: `ssdb_binary` builds a real SSDB 1.9.8 with `<repo>/../shared/tools/build-ssdb.sh`
+(cached under ~/.cache/rls-ssdb; a missing script or a failed build FAILS the run, never
+skips), and `ssdb_server` runs it on a free port for the session.
+
+End to end: `redis_stack` and `ssdb_stack` (module scope) each run the whole chain once: a
+store server of their own (so a test may kill, freeze or restart it), the scriptable backend,
+the ExtProc servicer with the rules below in a thread, and Envoy on envoy/gateway-cache.yaml.
+`stack` hands the Redis chain to a test; `any_stack` runs a test once per store. Both flush the
+store and zero the backend's call counter first.
 """
 
 from __future__ import annotations
@@ -9,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
-from conftest import RedisServer, free_port, start_redis
+from conftest import free_port
 
 from .harness import (
     ADMIN_PORT,
@@ -29,11 +37,14 @@ from .harness import (
     request,
     start_envoy,
 )
+from .stores import RedisStore, SsdbStore, StoreProcess, build_ssdb
 
 E2E_RULES = """
 key_prefix: "t:"
-coalesce_wait_ms: 1000     # gateway-cache.yaml lets a message wait up to 1.5 s
+coalesce_wait_ms: 1000     # the test gateway lets a message wait up to 3 s
 version_cache_ms: 0        # read the namespace version on every lookup
+store_timeout_ms: 300      # CI machines are shared: well above a loaded store's latency, and
+                           # well below the test gateway's 2 s message_timeout
 rules:
 - api: translate
   methods: [POST]
@@ -49,12 +60,17 @@ rules:
   unknown_length: buffer
 """
 BUFFER_LIMIT = 4 << 20  # Envoy buffers a 2 MB body whole, so the servicer must refuse it
+# envoy/gateway-cache.yaml says 0.2 s / 1.5 s. Two CPU cores shared by parallel CI jobs can
+# stall rls that long under a 100-request burst, and a message timeout would make a request
+# go upstream unmarked (failure_mode_allow); the store deadline (300 ms above) stays below it.
+MESSAGE_TIMEOUT, MAX_MESSAGE_TIMEOUT = "2s", "3s"
 API_KEY = {"x-api-key": "key-alice-123"}
+ENTRY_PREFIX = "t:e:"
 
 
 @dataclass
 class Stack:
-    redis: RedisServer
+    store: StoreProcess
     backend: Backend
     server: CacheServer
     envoy: Envoy
@@ -64,16 +80,45 @@ class Stack:
         return request(self.envoy.port, method, path, {**API_KEY, **(headers or {})}, body)
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.redis.port)
+        return self.store.client()
 
     def entries(self, api: str) -> list[bytes]:
-        return sorted(self.client().keys(f"t:e:{api}:*"))
+        return self.store.keys(f"{ENTRY_PREFIX}{api}:")
 
     def wait_stored(self, api: str, count: int = 1) -> None:
         poll(lambda: len(self.entries(api)) >= count, 5, f"{count} {api} entries", self.logs)
 
+    def metric(self, name: str, **labels: str) -> float:
+        return self.server.metric(name, **labels)
+
+    def writes_settled(self) -> bool:
+        """The writer is idle and every write it was given has exactly one outcome."""
+        m = self.metric
+        stores = (m("rls_cache_stores_total") + m("rls_cache_store_failures_total")
+                  + m("rls_cache_writes_dropped_total", kind="store"))
+        refreshes = (m("rls_cache_refreshes_total") + m("rls_cache_refresh_failures_total")
+                     + m("rls_cache_writes_dropped_total", kind="refresh"))
+        return (m("rls_cache_write_queue") == 0
+                and stores == m("rls_cache_cacheable_misses_total")
+                and refreshes == m("rls_cache_hits_total"))
+
+    def write_counts(self) -> str:
+        names = ("cacheable_misses_total", "stores_total", "store_failures_total", "hits_total",
+                 "refreshes_total", "refresh_failures_total", "writes_dropped_total",
+                 "write_queue")
+        return ", ".join(f"{n}={self.metric('rls_cache_' + n):g}" for n in names)
+
+    def wait_writer_idle(self) -> None:
+        poll(self.writes_settled, 15, "the cache writer to be idle with its metrics adding up",
+             lambda: f"{self.write_counts()}\n{self.logs()}")
+
+    def ext_proc_stat(self, name: str) -> int:
+        full = f"http.gateway.ext_proc.{name}"
+        return self.envoy.stats(full).get(full, 0)
+
     def logs(self) -> str:
-        return f"--- envoy ---\n{self.envoy.log()}"
+        extra = self.store.log()[-3000:] if isinstance(self.store, SsdbStore) else ""
+        return f"--- envoy ---\n{self.envoy.log()[-5000:]}\n--- store ---\n{extra}"
 
 
 @pytest.fixture(scope="session")
@@ -84,37 +129,99 @@ def envoy_binary() -> str:
     return binary
 
 
-@pytest.fixture(scope="module")
-def cache_stack(tmp_path_factory: pytest.TempPathFactory, envoy_binary: str) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("cache-e2e")
+@pytest.fixture(scope="session")
+def ssdb_binary() -> str:
+    try:
+        return build_ssdb()
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        pytest.fail(f"cannot build SSDB for the SSDB tests: {exc}")
+
+
+@pytest.fixture(scope="session")
+def ssdb_server(ssdb_binary: str) -> Iterator[SsdbStore]:
+    server = SsdbStore(ssdb_binary)
+    yield server
+    server.remove()
+
+
+def _start_stack(store: StoreProcess, workdir: Path, envoy_binary: str) -> Stack:
     rules = workdir / "cache.yaml"
     rules.write_text(E2E_RULES)
-    server = None
-    stack = Stack(start_redis(), Backend(), None, None)  # type: ignore[arg-type]
+    stack = Stack(store, Backend(), None, None)  # type: ignore[arg-type]
     try:
-        store_url = f"redis://127.0.0.1:{stack.redis.port}/0"
-        server = stack.server = CacheServer(rules, store_url)
+        server = stack.server = CacheServer(rules, store.url)
         listener, admin = free_port(), free_port()
         ports = {LISTENER_PORT: listener, ADMIN_PORT: admin, RLS_PORT: server.grpc_port}
         ports.update({p: stack.backend.port for p in BACKEND_PORTS})
         config = gateway_config(ports, BUFFER_LIMIT)
-        stack.envoy = start_envoy(envoy_binary, config, Path(workdir), listener, admin)
+        _set_message_timeouts(config)
+        stack.envoy = start_envoy(envoy_binary, config, workdir, listener, admin)
         # Envoy connects to gRPC clusters lazily: warm the chain up until the cache answers.
         poll(lambda: "x-cache" in stack.call("GET", "/items?warmup").headers, 15,
              "a cached route answered through Envoy -> ext_proc", stack.logs)
+    except BaseException:
+        _stop_stack(stack)
+        raise
+    return stack
+
+
+def _set_message_timeouts(config: dict[str, Any]) -> None:
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                for http_filter in f["typed_config"].get("http_filters", []):
+                    if http_filter["name"] == "envoy.filters.http.ext_proc":
+                        http_filter["typed_config"]["message_timeout"] = MESSAGE_TIMEOUT
+                        http_filter["typed_config"]["max_message_timeout"] = MAX_MESSAGE_TIMEOUT
+
+
+def _stop_stack(stack: Stack) -> None:
+    if stack.envoy is not None:
+        stack.envoy.stop()
+    if stack.server is not None:
+        stack.server.stop()
+    stack.backend.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_stack(tmp_path_factory: pytest.TempPathFactory, envoy_binary: str) -> Iterator[Stack]:
+    store = RedisStore()
+    try:
+        stack = _start_stack(store, tmp_path_factory.mktemp("cache-redis"), envoy_binary)
         yield stack
+        _stop_stack(stack)
     finally:
-        if stack.envoy is not None:
-            stack.envoy.stop()
-        if server is not None:
-            server.stop()
-        stack.backend.stop()
-        stack.redis.stop()  # the current one: a test may have restarted it
+        store.stop()  # the current process: a test may have restarted it
+
+
+@pytest.fixture(scope="module")
+def ssdb_stack(tmp_path_factory: pytest.TempPathFactory, envoy_binary: str,
+               ssdb_server: SsdbStore) -> Iterator[Stack]:
+    stack = _start_stack(ssdb_server, tmp_path_factory.mktemp("cache-ssdb"), envoy_binary)
+    yield stack
+    _stop_stack(stack)
+
+
+def _fresh(stack: Stack) -> Stack:
+    """Undo what an earlier (possibly failed) test left: a frozen or dead store, entries."""
+    store = stack.store
+    if store.proc.poll() is None:
+        store.thaw()
+    else:
+        store.start()
+    store.flush()
+    with stack.backend.lock:
+        stack.backend.calls = 0
+    return stack
 
 
 @pytest.fixture
-def stack(cache_stack: Stack) -> Stack:
-    cache_stack.client().flushall()
-    with cache_stack.backend.lock:
-        cache_stack.backend.calls = 0
-    return cache_stack
+def stack(redis_stack: Stack) -> Stack:
+    return _fresh(redis_stack)
+
+
+@pytest.fixture(params=["redis", "ssdb"])
+def any_stack(request: pytest.FixtureRequest) -> Stack:
+    """The same test on the Redis chain and on the real-SSDB chain."""
+    return _fresh(request.getfixturevalue(f"{request.param}_stack"))
+

@@ -38,11 +38,13 @@ def config(text: str = RULES) -> CacheConfig:
 
 
 def make_service(
-    text: str = RULES, store: GuardedStore | None = None, clock: Any = None
+    text: str = RULES, store: GuardedStore | None = None, clock: Any = None,
+    metrics: CacheMetrics | None = None,
 ) -> tuple[ExtProcService, ResponseCache]:
     kwargs = {"clock": clock} if clock is not None else {}
     cache = ResponseCache(
-        config(text), store or MemoryCacheStore(timeout_ms=200), CacheMetrics(), **kwargs
+        config(text), store or MemoryCacheStore(timeout_ms=200), metrics or CacheMetrics(),
+        **kwargs,
     )
     return ExtProcService(cache), cache
 
@@ -144,8 +146,8 @@ async def run(service: ExtProcService, messages: list[pb.ProcessingRequest],
 
 
 async def drain(cache: ResponseCache) -> None:
-    while cache.tasks:
-        await asyncio.gather(*list(cache.tasks))
+    """Wait for the writer to run every queued store and refresh."""
+    await asyncio.wait_for(cache.writer.idle(), 10)
 
 
 def set_headers(mutation: Any) -> dict[str, list[bytes]]:

@@ -30,6 +30,23 @@ def test_defaults() -> None:
     assert config.store_timeout_ms == 50
     assert config.coalesce_wait_ms == 100
     assert config.attributes() == {API_ATTRIBUTE}
+    assert config.memory_max_bytes == 64 << 20
+    assert (config.writer_workers, config.write_queue_size) == (4, 1000)
+    assert (config.write_queue_bytes, config.write_drain_ms) == (64 << 20, 2000)
+
+
+def test_writer_and_memory_options() -> None:
+    config = parse_cache_config("f.yaml", """
+memory_max_bytes: 1GiB
+writer_workers: 2
+write_queue_size: 50
+write_queue_bytes: 8MiB
+write_drain_ms: 500
+rules: []
+""")
+    assert config.memory_max_bytes == 1 << 30
+    assert (config.writer_workers, config.write_queue_size) == (2, 50)
+    assert (config.write_queue_bytes, config.write_drain_ms) == (8 << 20, 500)
 
 
 def test_full_rule() -> None:
@@ -95,6 +112,12 @@ def test_durations(unit: str, seconds: int) -> None:
         ("store_timeout_ms: 0\nrules: []", "'store_timeout_ms' must be an integer from 1"),
         ("coalesce_wait_ms: -1\nrules: []", "'coalesce_wait_ms' must be an integer from 0"),
         ("version_cache_ms: x\nrules: []", "'version_cache_ms' must be an integer"),
+        ("memory_max_bytes: 0\nrules: []", "'memory_max_bytes' must be a size from 1 byte to 64G"),
+        ("memory_max_bytes: 65GiB\nrules: []", "'memory_max_bytes' must be a size"),
+        ("writer_workers: 0\nrules: []", "'writer_workers' must be an integer from 1 to 64"),
+        ("write_queue_size: 0\nrules: []", "'write_queue_size' must be an integer from 1"),
+        ("write_queue_bytes: lots\nrules: []", "'write_queue_bytes' must be a size"),
+        ("write_drain_ms: -1\nrules: []", "'write_drain_ms' must be an integer from 0"),
         ("rulez: []", "cache config: unknown key 'rulez'"),
         ("stores: x\nrules: []", "unknown key 'stores'"),
         ("- 3", "rules[0]: a rule must be a mapping"),

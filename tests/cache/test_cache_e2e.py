@@ -1,15 +1,18 @@
 """The cache through a real Envoy 1.40 (envoy/gateway-cache.yaml, ports rewritten), the ExtProc
-servicer, Redis and a counting backend. Every wait polls a condition (never a blind sleep)."""
+servicer, a counting backend, and a real store: tests taking `any_stack` run on Redis and on a
+real SSDB 1.9.8, the others on Redis. Every wait polls a condition (never a blind sleep)."""
 
 from __future__ import annotations
 
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from rls.cache.cli import purge
 
 from .conftest import Stack
 from .harness import GATEWAY, Response, poll
+from .stores import SSDB_SAFE, SsdbStore
 
 TEXT = b'{"q": "hello world", "to": "fr"}'
 
@@ -27,7 +30,8 @@ def test_gateway_cache_config_validates(envoy_binary: str) -> None:
     assert f"configuration '{GATEWAY}' OK" in result.stdout + result.stderr
 
 
-def test_post_miss_then_hit(stack: Stack) -> None:
+def test_post_miss_then_hit(any_stack: Stack) -> None:
+    stack = any_stack
     first = translate(stack)
     assert first.status == 200, stack.logs()
     assert first.headers["x-cache"] == "MISS"
@@ -57,7 +61,8 @@ def test_different_body_or_extra_key_misses(stack: Stack) -> None:
     assert stack.backend.calls == 4
 
 
-def test_purge_starts_a_new_namespace(stack: Stack) -> None:
+def test_purge_starts_a_new_namespace(any_stack: Stack) -> None:
+    stack = any_stack
     translate(stack)
     stack.wait_stored("translate")
     assert translate(stack).headers["x-cache"] == "HIT"
@@ -70,16 +75,34 @@ def test_purge_starts_a_new_namespace(stack: Stack) -> None:
     assert purge(stack.server.admin_url, "nope", None) == 1
 
 
-def test_ttl_is_refreshed_on_hit(stack: Stack) -> None:
-    r = stack.client()
+def test_ttl_is_set_and_refreshed_on_hit(any_stack: Stack) -> None:
+    stack, store = any_stack, any_stack.store
     assert stack.call("GET", "/items?page=7").headers["x-cache"] == "MISS"
     stack.wait_stored("items")
     [key] = stack.entries("items")
-    assert 55_000 < r.pttl(key) <= 60_000
-    r.pexpire(key, 5_000)
+    assert 55 <= store.ttl(key) <= 60  # whole seconds: SSDB has no PTTL
+    store.expire(key, 5)
+    assert store.ttl(key) <= 5
     assert stack.call("GET", "/items?page=7").headers["x-cache"] == "HIT"
-    poll(lambda: r.pttl(key) > 55_000, 5, "TTL pushed back to 60 s after the hit")
+    poll(lambda: store.ttl(key) >= 55, 5, "TTL pushed back to 60 s after the hit")
+    stack.wait_writer_idle()
+    assert stack.metric("rls_cache_refreshes_total", api="items") >= 1
 
+
+def test_long_request_parts_give_bounded_keys(any_stack: Stack) -> None:
+    # SSDB refuses keys over 255 bytes (and reads them as misses): the key is a digest.
+    stack = any_stack
+    long_query = "/items?q=" + "x" * 8000
+    long_key = "k" * 4000
+    assert stack.call("GET", long_query).headers["x-cache"] == "MISS"
+    assert translate(stack, key=long_key).headers["x-cache"] == "MISS"
+    stack.wait_stored("items")
+    stack.wait_stored("translate")
+    assert stack.call("GET", long_query).headers["x-cache"] == "HIT"
+    assert translate(stack, key=long_key).headers["x-cache"] == "HIT"
+    keys = stack.store.keys("t:")
+    assert keys and all(len(k) <= 255 for k in keys)
+    assert stack.backend.calls == 2
 
 def test_vary_keeps_variants_apart(stack: Stack) -> None:
     vary = {"x-test-header": "vary: Accept-Language"}
@@ -112,9 +135,11 @@ def test_never_stored_responses_go_upstream_every_time(stack: Stack) -> None:
         for _ in range(2):
             reply = translate(stack, key=name, headers=headers)
             assert reply.status in (200, 201)
-            assert reply.headers["x-cache"] == "MISS", name
+            assert reply.headers["x-cache"] == "BYPASS", name
     assert stack.backend.calls == 2 * len(cases)
     assert stack.entries("translate") == []
+    for reason in ("set_cookie", "no_store", "private", "status", "vary"):
+        assert stack.metric("rls_cache_bypasses_total", reason=reason) >= 2, reason
 
 
 def ext_proc_messages(stack: Stack) -> int:
@@ -133,7 +158,7 @@ def test_large_post_responses_pass_through_unbuffered(stack: Stack) -> None:
             reply = translate(stack, key=f"big-{size}-{chunked}", headers=headers)
             assert reply.status == 200, stack.logs()
             assert len(reply.body) == size
-            assert reply.headers["x-cache"] == "MISS"
+            assert reply.headers["x-cache"] == "BYPASS"
             # request headers, request body, response headers; the body is never sent to rls
             assert ext_proc_messages(stack) - before == 3
     assert stack.backend.calls == 6
@@ -161,7 +186,8 @@ def test_buffered_body_over_max_entry_bytes_is_refused(stack: Stack) -> None:
         reply = stack.call("GET", "/items?page=big", headers)
         assert reply.status == 200, stack.logs()
         assert len(reply.body) == 2_000_000
-        assert reply.headers["x-cache"] == "MISS"
+        # MISS at the headers, replaced from the body reply: Envoy held the buffered headers
+        assert reply.headers["x-cache"] == "BYPASS"
         assert ext_proc_messages(stack) - before == 3  # request headers, response headers, body
     assert stack.entries("items") == []
     small = {"x-test-size": "5000", "x-test-chunked": "1"}
@@ -187,29 +213,124 @@ def test_concurrent_identical_misses_are_coalesced(stack: Stack) -> None:
     assert stack.server.metric("rls_cache_coalesced_total", result="hit") >= 1
 
 
-def test_uncached_routes_are_not_touched(stack: Stack) -> None:
+def test_uncached_routes_skip_the_filter_and_other_methods_bypass(stack: Stack) -> None:
     for _ in range(2):
-        reply = stack.call("GET", "/other")
+        reply = stack.call("GET", "/other")  # ext_proc disabled on the route
         assert reply.status == 200
         assert "x-cache" not in reply.headers
     assert stack.backend.calls == 2
-    assert stack.call("POST", "/items", body=b"x").headers.get("x-cache") is None  # GET only
+    before = stack.metric("rls_cache_bypasses_total", reason="method")
+    assert stack.call("POST", "/items", body=b"x").headers["x-cache"] == "BYPASS"  # GET only
+    assert stack.metric("rls_cache_bypasses_total", reason="method") == before + 1
 
 
-def test_store_down_requests_still_succeed(stack: Stack) -> None:
-    from conftest import start_redis
-
-    port = stack.redis.port
-    stack.redis.stop()
-    try:
-        for _ in range(5):
-            reply = translate(stack, key="down")
-            assert reply.status == 200, stack.logs()
-            assert "x-cache" not in reply.headers
-        assert stack.backend.calls == 5
-        assert stack.server.metric("rls_cache_errors_total") >= 1
-    finally:
-        stack.redis = start_redis(port=port)
+def test_store_killed_requests_pass_upstream_marked_bypass(any_stack: Stack) -> None:
+    stack, store = any_stack, any_stack.store
+    assert translate(stack, key="before").headers["x-cache"] == "MISS"
+    stack.wait_stored("translate")
+    store.kill()
+    for _ in range(5):
+        reply = translate(stack, key="down")
+        assert reply.status == 200, stack.logs()
+        assert reply.headers["x-cache"] == "BYPASS"
+    assert stack.backend.calls == 6
+    assert stack.metric("rls_cache_errors_total") >= 1
+    assert stack.metric("rls_cache_bypasses_total", reason="store_down") >= 1
+    store.start()
     # Back by itself once the store answers again (after the down-marking expires).
     poll(lambda: translate(stack, key="up").headers.get("x-cache") == "MISS", 10,
-         "the cache working again after Redis restarted", stack.logs)
+         "the cache working again after the store restarted", stack.logs)
+    stack.wait_stored("translate")
+    assert translate(stack, key="up").headers["x-cache"] == "HIT"
+    # SSDB writes to its LevelDB log before it answers: a SIGKILL lost nothing.
+    expected = "HIT" if isinstance(store, SsdbStore) else "MISS"  # Redis here: no persistence
+    assert translate(stack, key="before").headers["x-cache"] == expected
+
+
+def test_store_frozen_requests_pass_upstream_within_the_deadline(any_stack: Stack) -> None:
+    stack, store = any_stack, any_stack.store
+    timeouts = stack.ext_proc_stat("message_timeouts")
+    allowed = stack.ext_proc_stat("failure_mode_allowed")
+    store.freeze()  # SIGSTOP: connections open, nothing answers
+    try:
+        for i in range(5):
+            reply = translate(stack, key=f"frozen-{i}")
+            assert reply.status == 200, stack.logs()
+            # Marked by rls: it answered Envoy within the message timeout (had it not, Envoy
+            # would have gone on without the header, counting a timeout).
+            assert reply.headers["x-cache"] == "BYPASS"
+    finally:
+        store.thaw()
+    assert stack.ext_proc_stat("message_timeouts") == timeouts
+    assert stack.ext_proc_stat("failure_mode_allowed") == allowed
+    assert stack.backend.calls == 5
+    assert stack.metric("rls_cache_bypasses_total", reason="store_error") >= 1
+    poll(lambda: translate(stack, key="thawed").headers.get("x-cache") == "MISS", 10,
+         "the cache working again after the store was thawed", stack.logs)
+
+
+def test_store_restart_keeps_or_loses_entries_as_the_store_does(any_stack: Stack) -> None:
+    stack, store = any_stack, any_stack.store
+    assert translate(stack, key="kept").headers["x-cache"] == "MISS"
+    stack.wait_stored("translate")
+    store.stop()  # SIGTERM: a clean stop
+    store.start()
+    seen: list[str] = []
+
+    def answered_from_the_store() -> bool:  # the first calls may meet a dropped connection
+        value = translate(stack, key="kept").headers["x-cache"]
+        seen.append(value)
+        return value != "BYPASS"
+
+    poll(answered_from_the_store, 10, "the cache answering after the restart", stack.logs)
+    # SSDB is disk-backed and keeps the entry; this Redis runs without persistence.
+    assert seen[-1] == ("HIT" if isinstance(store, SsdbStore) else "MISS")
+    stack.wait_stored("translate")
+    assert translate(stack, key="kept").headers["x-cache"] == "HIT"
+
+
+def burst(stack: Stack, bodies: list[bytes]) -> list[Response]:
+    """All requests at once: one thread each, released together."""
+    gate = threading.Barrier(len(bodies))
+
+    def one(body: bytes) -> Response:
+        gate.wait(10)
+        return translate(stack, body=body, key="burst")
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(one, bodies))
+
+
+def test_100_concurrent_misses_are_all_stored_then_all_hit(any_stack: Stack) -> None:
+    stack, n = any_stack, 100
+    stack.wait_writer_idle()
+    names = ("cacheable_misses", "stores", "store_failures", "hits", "refreshes",
+             "refresh_failures", "writes_dropped")
+    before = {k: stack.metric(f"rls_cache_{k}_total") for k in names}
+
+    def delta(name: str) -> float:
+        return stack.metric(f"rls_cache_{name}_total") - before[name]
+
+    ssdb = stack.store if isinstance(stack.store, SsdbStore) else None
+    log_from = ssdb.log_offset() if ssdb else 0
+    bodies = [b'{"q": "text %d", "to": "fr"}' % i for i in range(n)]
+
+    first = burst(stack, bodies)
+    assert [r.status for r in first] == [200] * n, stack.logs()
+    assert [r.headers.get("x-cache") for r in first] == ["MISS"] * n, stack.logs()
+    stack.wait_writer_idle()
+    assert delta("cacheable_misses") == n
+    assert (delta("stores"), delta("store_failures"), delta("writes_dropped")) == (n, 0, 0)
+
+    second = burst(stack, bodies)
+    assert [r.headers.get("x-cache") for r in second] == ["HIT"] * n, stack.logs()
+    assert [r.body for r in second] == [r.body for r in first]
+    stack.wait_writer_idle()
+    assert delta("hits") == n
+    assert (delta("refreshes"), delta("refresh_failures"), delta("writes_dropped")) == (n, 0, 0)
+    assert stack.backend.calls == n
+    if ssdb is not None:  # what rls sent SSDB, as SSDB logged it (SETEX arrives as setx)
+        sent = ssdb.commands_since(log_from)
+        assert set(sent) <= SSDB_SAFE, sorted(set(sent) - SSDB_SAFE)
+        assert sent.count("setx") == n and sent.count("expire") == n
+    assert len(stack.entries("translate")) == n

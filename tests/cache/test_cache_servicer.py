@@ -106,18 +106,27 @@ async def test_reply_is_written_before_the_store() -> None:
     assert events[-2:] == ["reply:response_body", "store"]
 
 
-async def test_uncacheable_request_gets_one_empty_reply() -> None:
+def x_cache(reply: pb.ProcessingResponse) -> list[bytes] | None:
+    kind = reply.WhichOneof("response")
+    return set_headers(getattr(reply, kind).response.header_mutation).get("x-cache")
+
+
+async def test_uncacheable_request_is_marked_bypass() -> None:
     service, cache = make_service()
-    ctx = await run(service, [request_headers(api="other", eos=True)])
-    [reply] = ctx.sent
-    assert reply.HasField("request_headers")
-    assert not reply.HasField("mode_override")
-    assert not reply.request_headers.response.HasField("header_mutation")
+    ctx = await run(service, [request_headers(api="other", eos=True), response_headers(length=2)])
+    first, second = ctx.sent
+    assert first.HasField("request_headers")
+    assert first.mode_override == RESPONSE_HEADERS  # only to mark the response
+    assert not first.request_headers.response.HasField("header_mutation")
+    assert x_cache(second) == [b"BYPASS"]
+    assert not second.HasField("mode_override")
     assert cache.metrics.bypasses.labels("no_rule")._value.get() == 1
 
-    ctx = await run(service, [request_headers("GET", api="translate")])
-    assert not ctx.sent[0].HasField("mode_override")
+    ctx = await run(service, [request_headers("GET", api="translate"), response_headers()])
+    assert ctx.sent[0].mode_override == RESPONSE_HEADERS
+    assert x_cache(ctx.sent[1]) == [b"BYPASS"]
     assert cache.metrics.bypasses.labels("method")._value.get() == 1
+    assert cache.metrics.misses.labels("translate")._value.get() == 0
 
 
 async def test_header_rule_and_attribute_absent() -> None:
@@ -127,11 +136,12 @@ rules:
   match: {header: x-cacheable, value: "yes"}
   methods: [GET]
 """
-    service, _cache = make_service(text)
-    ctx = await run(service, [request_headers("GET", "/s", [("x-cacheable", "yes")], api=None)])
-    assert ctx.sent[0].mode_override == RESPONSE_HEADERS
-    ctx = await run(service, [request_headers("GET", "/s", [("x-cacheable", "no")], api=None)])
-    assert not ctx.sent[0].HasField("mode_override")
+    service, cache = make_service(text)
+    await run(service, [request_headers("GET", "/s", [("x-cacheable", "yes")], api=None)])
+    assert cache.metrics.misses.labels("search")._value.get() == 1
+    await run(service, [request_headers("GET", "/s", [("x-cacheable", "no")], api=None)])
+    assert cache.metrics.misses.labels("search")._value.get() == 1
+    assert cache.metrics.bypasses.labels("no_rule")._value.get() == 1
 
 
 @pytest.mark.parametrize(
@@ -153,7 +163,9 @@ async def test_never_stored_by_headers(status: int, extra: list, reason: str) ->
     messages = miss_messages(extra=extra, status=status)[:3]  # Envoy sends no body after NONE
     ctx = await run(service, messages)
     reply = ctx.replies()[2]
-    assert set_headers(reply.response_headers.response.header_mutation) == {"x-cache": [b"MISS"]}
+    assert set_headers(reply.response_headers.response.header_mutation) == {
+        "x-cache": [b"BYPASS"]
+    }
     assert not reply.HasField("mode_override")  # the body stays NONE: never buffered
     assert stored(cache) == []
     assert cache.metrics.bypasses.labels(reason)._value.get() == 1
@@ -166,6 +178,7 @@ async def test_content_length_over_max_entry_is_never_buffered() -> None:
         request_headers(headers=KEY), request_body(BODY), response_headers(length=5000)
     ])
     assert not ctx.replies()[2].HasField("mode_override")
+    assert x_cache(ctx.replies()[2]) == [b"BYPASS"]
     assert cache.metrics.bypasses.labels("too_large")._value.get() == 1
 
 
@@ -191,8 +204,11 @@ async def test_never_stored_by_body(body: bytes, eos: bool, reason: str) -> None
         request_headers("GET", "/items", api="items"), response_headers(), response_body(body, eos)
     ])
     assert ctx.replies()[2].HasField("response_body")
+    assert x_cache(ctx.replies()[1]) == [b"MISS"]
+    assert x_cache(ctx.replies()[2]) == [b"BYPASS"]  # replaces MISS: headers still held
     assert stored(cache) == []
     assert cache.metrics.bypasses.labels(reason)._value.get() == 1
+    assert cache.metrics.cacheable_misses.labels("items")._value.get() == 0
     assert cache.fills == {}
 
 
@@ -204,7 +220,7 @@ async def test_partial_request_body_bypasses() -> None:
     assert [r.WhichOneof("response") for r in ctx.replies()] == [
         "request_headers", "request_body", "response_headers"
     ]
-    assert not ctx.replies()[2].response_headers.response.HasField("header_mutation")
+    assert x_cache(ctx.replies()[2]) == [b"BYPASS"]
     assert cache.metrics.bypasses.labels("partial_request_body")._value.get() == 1
 
 
@@ -282,7 +298,7 @@ async def test_request_cache_control() -> None:
     service, cache = make_service()
     await run(service, miss_messages())
     no_store = [request_headers(headers=[*KEY, ("cache-control", "no-store")], eos=True)]
-    assert not (await run(service, no_store)).sent[0].HasField("mode_override")
+    assert (await run(service, no_store)).sent[0].mode_override == RESPONSE_HEADERS
     assert cache.metrics.bypasses.labels("request_no_store")._value.get() == 1
     # no-cache: not served from the cache, but the fresh response replaces the entry
     fresh = miss_messages(resp=b"fresh")
@@ -326,10 +342,11 @@ class SlowStore(MemoryCacheStore):
 @pytest.mark.parametrize("store", [FailingStore, SlowStore])
 async def test_store_failure_means_uncached(store: type) -> None:
     service, cache = make_service(store=store(timeout_ms=20))
-    ctx = await run(service, [request_headers("GET", "/items", api="items")])
-    [reply] = ctx.sent
+    ctx = await run(service, [request_headers("GET", "/items", api="items"), response_headers()])
+    reply, marked = ctx.sent
     assert reply.HasField("request_headers")
-    assert not reply.HasField("mode_override")  # proceed upstream, nothing more to process
+    assert reply.mode_override == RESPONSE_HEADERS  # proceed upstream; only to mark it
+    assert x_cache(marked) == [b"BYPASS"]
     assert cache.metrics.errors.labels("version")._value.get() == 1
     assert cache.metrics.bypasses.labels("store_error")._value.get() == 1
 
@@ -399,7 +416,50 @@ async def test_cancelled_stream_releases_its_fill() -> None:
     assert cache.metrics.fills._value.get() == 0
 
 
-async def test_failed_final_write_releases_the_fill() -> None:
+class EndedAtLastReply(FakeContext):
+    """Envoy ends the stream on the last reply: grpc.aio cancels the handler in its write."""
+
+    def __init__(self, messages: list, last: str) -> None:
+        super().__init__(messages)
+        self.last = last
+
+    async def write(self, message) -> None:
+        await super().write(message)
+        if message.WhichOneof("response") == self.last:
+            raise asyncio.CancelledError
+
+
+async def test_store_survives_the_stream_ending_at_the_last_reply() -> None:
+    service, cache = make_service(COALESCE)
+    ctx = EndedAtLastReply([
+        request_headers("GET", "/items", api="items"), response_headers(length=2),
+        response_body(b"ok")], "response_body")
+    with pytest.raises(asyncio.CancelledError):
+        await service.process(iter(()), ctx)  # type: ignore[arg-type]
+    await drain(cache)
+    assert len(stored(cache)) == 1
+    assert cache.fills == {}
+    m = cache.metrics
+    assert m.cacheable_misses.labels("items")._value.get() == 1
+    assert m.stores.labels("items")._value.get() == 1
+
+
+async def test_refresh_survives_the_stream_ending_at_the_hit() -> None:
+    service, cache = make_service()
+    await run(service, miss_messages())
+    [key] = stored(cache)
+    value, _ = cache.store.data[key]
+    cache.store.data[key] = (value, time.monotonic() + 5)
+    ctx = EndedAtLastReply(hit_messages(), "immediate_response")
+    with pytest.raises(asyncio.CancelledError):
+        await service.process(iter(()), ctx)  # type: ignore[arg-type]
+    await drain(cache)
+    assert cache.store.ttl(key) > 7 * 86400 - 5
+    assert cache.metrics.hits.labels("translate")._value.get() == 1
+    assert cache.metrics.refreshes.labels("translate")._value.get() == 1
+
+
+async def test_failed_final_write_still_stores_and_releases_the_fill() -> None:
     service, cache = make_service(COALESCE)
 
     class Broken(FakeContext):
@@ -411,5 +471,111 @@ async def test_failed_final_write_releases_the_fill() -> None:
     ctx = Broken([request_headers("GET", "/items", api="items"), response_headers(length=2),
                   response_body(b"ok")])
     await service.process(iter(()), ctx)  # type: ignore[arg-type]
+    await drain(cache)
     assert cache.fills == {}
-    assert cache.tasks == set()  # the store was never started
+    assert len(stored(cache)) == 1  # handed to the writer before the write failed
+
+
+class BlockingStore(MemoryCacheStore):
+    """Writes wait for `gate`; reads are normal."""
+
+    def __init__(self) -> None:
+        super().__init__(timeout_ms=60_000)
+        self.gate = asyncio.Event()
+        self.writing = asyncio.Event()
+
+    async def _set(self, key: str, value: bytes, ttl: int) -> None:
+        self.writing.set()
+        await self.gate.wait()
+        await super()._set(key, value, ttl)
+
+
+QUEUE_OF_ONE = """
+coalesce_wait_ms: 0
+writer_workers: 1
+write_queue_size: 1
+rules:
+- api: items
+  methods: [GET]
+  key: {query: true}
+"""
+
+
+QUEUE_OF_NINE = QUEUE_OF_ONE.replace("write_queue_size: 1", "write_queue_size: 9")
+
+
+def miss(page: int) -> list:
+    return [request_headers("GET", f"/items?p={page}", api="items"), response_headers(length=2),
+            response_body(b"ok")]
+
+
+async def test_full_writer_queue_drops_and_counts() -> None:
+    store = BlockingStore()
+    service, cache = make_service(QUEUE_OF_ONE, store=store)
+    for page in range(3):  # 1 running (blocked), 1 queued, 1 dropped
+        ctx = FakeContext(miss(page))
+        await service.process(iter(()), ctx)  # type: ignore[arg-type]
+        assert ctx.replies()[-1].HasField("response_body")  # the reply never waits
+        if page == 0:
+            await store.writing.wait()
+    m = cache.metrics
+    assert m.writes_dropped.labels("store", "items")._value.get() == 1
+    assert m.write_queue._value.get() == 2
+    assert len(cache.fills) == 2  # the dropped job's fill was released at once
+    store.gate.set()
+    await drain(cache)
+    assert cache.fills == {}
+    assert m.write_queue._value.get() == 0
+    assert m.cacheable_misses.labels("items")._value.get() == 3
+    assert m.stores.labels("items")._value.get() == 2
+    assert m.store_failures.labels("items")._value.get() == 0
+    assert len(stored(cache)) == 2
+
+
+async def test_close_drains_queued_writes() -> None:
+    store = BlockingStore()
+    service, cache = make_service(QUEUE_OF_NINE, store=store)
+    for page in range(3):
+        await service.process(iter(()), FakeContext(miss(page)))  # type: ignore[arg-type]
+    await store.writing.wait()
+    closing = asyncio.create_task(cache.close(timeout=10))
+    store.gate.set()
+    await asyncio.wait_for(closing, 10)
+    assert len(stored(cache)) == 3
+    assert cache.metrics.stores.labels("items")._value.get() == 3
+    assert cache.metrics.write_queue._value.get() == 0
+    # after close, a late write is dropped and counted, never left dangling
+    await service.process(iter(()), FakeContext(miss(9)))  # type: ignore[arg-type]
+    assert cache.metrics.writes_dropped.labels("store", "items")._value.get() == 1
+
+
+async def test_close_is_bounded_and_counts_what_it_abandons() -> None:
+    store = BlockingStore()  # the gate never opens
+    service, cache = make_service(QUEUE_OF_NINE, store=store)
+    for page in range(3):
+        await service.process(iter(()), FakeContext(miss(page)))  # type: ignore[arg-type]
+    await store.writing.wait()
+    await asyncio.wait_for(cache.close(timeout=0.05), 5)
+    m = cache.metrics
+    assert m.writes_dropped.labels("store", "items")._value.get() == 3  # 1 running + 2 queued
+    assert m.cacheable_misses.labels("items")._value.get() == 3
+    assert m.write_queue._value.get() == 0
+    assert cache.fills == {}
+
+
+async def test_write_failures_are_counted_apart_from_stores() -> None:
+    class FailingWrites(MemoryCacheStore):
+        async def _set(self, key: str, value: bytes, ttl: int) -> None:
+            raise OSError("disk full")
+
+        async def _expire(self, key: str, ttl: int) -> None:
+            raise OSError("disk full")
+
+    store = FailingWrites(timeout_ms=200)
+    service, cache = make_service(store=store)
+    await run(service, miss_messages())
+    m = cache.metrics
+    assert m.cacheable_misses.labels("translate")._value.get() == 1
+    assert m.store_failures.labels("translate")._value.get() == 1
+    assert m.stores.labels("translate")._value.get() == 0
+    assert m.errors.labels("set")._value.get() == 1

@@ -1,18 +1,23 @@
-"""Store backends on a real redis-server: Redis mode, and SSDB mode sending only SSDB-safe
-commands (checked with INFO commandstats on a Redis of its own, handshake included)."""
+"""Store backends on real servers: Redis mode on redis-server, SSDB mode on a real SSDB 1.9.8
+sending only SSDB-safe commands (as SSDB's own request log shows, handshake included), and the
+memory store's LRU."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 import redis
 from conftest import RedisServer, free_port, start_redis
+from prometheus_client import CollectorRegistry
 
 from rls.cache.cache import ResponseCache
+from rls.cache.config import parse_cache_config
 from rls.cache.keys import Headers
 from rls.cache.metrics import CacheMetrics
 from rls.cache.store import (
+    ENTRY_OVERHEAD,
     GuardedStore,
     MemoryCacheStore,
     RedisCacheStore,
@@ -22,8 +27,7 @@ from rls.cache.store import (
 )
 
 from .helpers import config
-
-SSDB_SAFE = {"get", "setex", "expire"}
+from .stores import SSDB_SAFE, SsdbStore
 
 
 @pytest.fixture(scope="module")
@@ -65,20 +69,40 @@ async def exercise(store: GuardedStore) -> None:
     await store.close()
 
 
-async def test_ssdb_mode_sends_only_ssdb_safe_commands(own_redis: RedisServer) -> None:
-    client = own_redis.client()
-    client.flushall()
-    client.config_resetstat()
-    await exercise(create_store(f"ssdb://127.0.0.1:{own_redis.port}", timeout_ms=2000))
-    sent = commands(client)
-    sent.pop("config|resetstat", None)  # this test's own calls
-    sent.pop("info", None)
+def running(server: SsdbStore) -> SsdbStore:
+    """The session's SSDB, restarted or thawed if an earlier test left it so."""
+    if server.proc.poll() is not None:
+        server.start()
+    else:
+        server.thaw()
+    server.flush()
+    return server
+
+
+async def test_ssdb_mode_sends_only_ssdb_safe_commands(ssdb_server: SsdbStore) -> None:
+    # Checked on a real SSDB: its debug log names every request it got, handshake included.
+    ssdb = running(ssdb_server)
+    offset = ssdb.log_offset()
+    await exercise(create_store(ssdb.url, timeout_ms=2000))
+    sent = ssdb.commands_since(offset)
     assert set(sent) <= SSDB_SAFE, sent  # no HELLO, CLIENT SETINFO, SELECT, SET PX, PEXPIRE
-    assert {"get", "setex", "expire"} <= set(sent)
+    assert SSDB_SAFE <= set(sent)
     # the version key is written with SETEX (a plain SET would keep an old TTL on SSDB)
-    [version_key] = client.keys("rc:v:*")
-    assert client.ttl(version_key) > 9 * 365 * 86400
-    assert all(len(k) <= 255 for k in client.keys("*"))
+    [version_key] = ssdb.keys("rc:v:")
+    assert ssdb.ttl(version_key) > 9 * 365 * 86400
+    assert all(len(k) <= 255 for k in ssdb.keys("rc:"))
+
+
+def test_ssdb_log_shows_a_default_redis_py_handshake(ssdb_server: SsdbStore) -> None:
+    # The check above can fail: redis-py's defaults (RESP3) open with HELLO, which SSDB
+    # rejects, and the log shows it.
+    ssdb = running(ssdb_server)
+    offset = ssdb.log_offset()
+    client = redis.Redis(port=ssdb.port, socket_timeout=5)
+    with pytest.raises(redis.RedisError):
+        client.get("k")
+    client.close()
+    assert "hello" in ssdb.commands_since(offset)
 
 
 async def test_redis_mode_uses_millisecond_commands(own_redis: RedisServer) -> None:
@@ -103,6 +127,29 @@ async def test_redis_store_basics(redis_url: str) -> None:
     assert 99_000 < redis.Redis.from_url(redis_url).pttl("k") <= 100_000
     assert await store.get("missing") is None
     await store.close()
+
+
+async def test_a_burst_larger_than_the_pool_waits_for_connections(redis_url: str) -> None:
+    store = RedisCacheStore(redis_url, timeout_ms=2000, pool_size=4)
+    results = await asyncio.gather(*(store.get(f"k{i}") for i in range(40)))
+    assert results == [None] * 40  # none failed with "Too many connections"
+    assert not store.down
+    await store.close()
+
+
+async def test_pooled_connections_survive_a_store_restart() -> None:
+    server = start_redis()
+    try:
+        store = create_store(server.url, timeout_ms=2000)
+        await asyncio.gather(*(store.get(f"k{i}") for i in range(10)))  # 10 pooled connections
+        server.stop()
+        server = start_redis(port=server.port)
+        # every pooled connection is stale now; each reconnects once instead of failing
+        assert await asyncio.gather(*(store.get(f"k{i}") for i in range(10))) == [None] * 10
+        assert not store.down
+        await store.close()
+    finally:
+        server.stop()
 
 
 async def test_unreachable_store_errors_then_is_marked_down() -> None:
@@ -132,3 +179,48 @@ def test_store_urls() -> None:
         create_store("ssdb://localhost:8888/1")
     with pytest.raises(ValueError, match="unsupported cache store URL"):
         create_store("memcached://localhost")
+
+
+async def test_memory_store_is_an_lru_bounded_in_bytes() -> None:
+    store = MemoryCacheStore(timeout_ms=200, max_bytes=3 * (ENTRY_OVERHEAD + 2 + 1000))
+    metrics = CacheMetrics()
+    store.bind_metrics(metrics)
+    for key in ("k1", "k2", "k3"):
+        await store.set(key, b"x" * 1000, 60)
+    assert store.size == 3 * (ENTRY_OVERHEAD + 2 + 1000)
+    assert await store.get("k1") == b"x" * 1000  # k1 is now the most recently used
+    await store.set("k4", b"y" * 1000, 60)  # evicts k2, the least recently used
+    assert await store.get("k2") is None
+    assert [await store.get(k) is not None for k in ("k1", "k3", "k4")] == [True] * 3
+    assert store.size <= store.max_bytes
+    assert metrics.memory_evictions._value.get() == 1
+    gauge = metrics.registry.get_sample_value("rls_cache_memory_store_bytes")
+    assert gauge == store.size  # the gauge reads the store
+
+    await store.set("big", b"z" * store.max_bytes, 60)  # larger than the whole budget
+    assert await store.get("big") is None
+    assert metrics.memory_evictions._value.get() == 2
+    await store.set("k1", b"short", 60)  # overwrite: the size follows the new value
+    assert store.size == 2 * (ENTRY_OVERHEAD + 2 + 1000) + ENTRY_OVERHEAD + 2 + 5
+
+
+async def test_memory_store_never_evicts_purge_versions() -> None:
+    store = MemoryCacheStore(timeout_ms=200, max_bytes=ENTRY_OVERHEAD + 100)
+    await store.set_version("rc:v:translate", b"abc")
+    for i in range(20):
+        await store.set(f"e{i}", b"v" * 50, 60)
+    assert await store.get_version("rc:v:translate") == b"abc"
+    assert len(store.data) == 1
+
+
+async def test_memory_budget_comes_from_the_rules_file() -> None:
+    from rls.cache import build_cache
+
+    text = "memory_max_bytes: 2MiB\nrules:\n- api: items\n"
+    registry = CollectorRegistry()
+    config = parse_cache_config("x.yaml", text)
+    _service, cache = build_cache("x.yaml", None, registry, config=config)
+    assert isinstance(cache.store, MemoryCacheStore)
+    assert cache.store.max_bytes == 2 << 20
+    await cache.store.set("k", b"v", 5)
+    assert registry.get_sample_value("rls_cache_memory_store_bytes") == ENTRY_OVERHEAD + 2
