@@ -257,24 +257,122 @@ class RlsProc(Proc):
             time.sleep(0.1)
 
 
-def verify_rls_run(rls: RlsProc, before: dict[tuple[str, tuple[tuple[str, str], ...]], float],
-                   total: int, slack: int, label: str, **labels: str
-                   ) -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], float], float]:
-    """Check rls counted a load run's calls; return (metrics after, errors during the run).
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+# rls_request_errors_total reasons whose calls rls already counts in
+# rls_failure_mode_answers_total (a call over --max-inflight or --overload-cap-ms increments
+# both): left out of the sum so that no call is counted twice.
+COUNTED_AS_FAILURE_ANSWER = frozenset({"overloaded"})
+
+
+@dataclass
+class FailureModeAnswers:
+    """Calls of a measured run that the store did not decide: answered by the failure mode
+    (allow / deny / fallback), refused by rls (UNAVAILABLE / RESOURCE_EXHAUSTED) or failed
+    with a gRPC error. A throughput or latency figure with any of them is invalid: it counts
+    answers that are not decisions (DESIGN §11)."""
+
+    count: int
+    breakdown: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def valid(self) -> bool:
+        return self.count == 0
+
+    def json(self) -> dict[str, Any]:
+        return {"failure_mode_answers": self.count, "failure_mode_breakdown": self.breakdown,
+                "valid": self.valid}
+
+    def __add__(self, other: FailureModeAnswers) -> FailureModeAnswers:
+        merged = dict(self.breakdown)
+        for k, v in other.breakdown.items():
+            merged[k] = merged.get(k, 0) + v
+        return FailureModeAnswers(self.count + other.count, merged)
+
+
+NO_FAILURE_ANSWERS = FailureModeAnswers(0)
+
+
+def failure_mode_answers(before: Samples, after: Samples,
+                         ignore_reasons: Iterable[str] = ()) -> FailureModeAnswers:
+    """Calls answered by the failure mode between two /metrics scrapes of one rls.
+
+    = the growth of rls_failure_mode_answers_total (every reason: store_down, store_error,
+    store_slow, overloaded; every answer: allow, deny, fallback, unavailable,
+    resource_exhausted) + the growth of rls_request_errors_total (gRPC errors), except the
+    reasons already counted in the first (`overloaded`) and `ignore_reasons` (soak.py sends
+    invalid requests on purpose: `invalid_argument` is its expected outcome there).
+    The breakdown is keyed `<reason>/<answer>` and `request_error/<reason>`.
+    """
+    skip = COUNTED_AS_FAILURE_ANSWER | set(ignore_reasons)
+    breakdown: dict[str, int] = {}
+
+    def grow(name: str, key: Callable[[dict[str, str]], str | None]) -> None:
+        keys = {lab for (n, lab) in (*before, *after) if n == name}
+        for lab in keys:
+            k = key(dict(lab))
+            if k is None:
+                continue
+            n = after.get((name, lab), 0.0) - before.get((name, lab), 0.0)
+            if n:
+                breakdown[k] = breakdown.get(k, 0) + round(n)
+
+    grow("rls_failure_mode_answers_total",
+         lambda lab: f"{lab.get('reason', '?')}/{lab.get('answer', '?')}")
+    grow("rls_request_errors_total",
+         lambda lab: None if lab.get("reason") in skip else f"request_error/{lab.get('reason')}")
+    return FailureModeAnswers(sum(breakdown.values()), breakdown)
+
+
+def validity(fm: FailureModeAnswers | None) -> str:
+    """The `valid` column: INVALID when any call of the figure's run was not decided."""
+    return "yes" if fm is None or fm.valid else "INVALID"
+
+
+def fm_cell(fm: FailureModeAnswers | None) -> Any:
+    """The `failure-mode answers` column ('-' where no rls ran: floor, Envoy alone)."""
+    return "-" if fm is None else fm.count
+
+
+def verify_rls_run(rls: RlsProc, before: Samples, total: int, slack: int, label: str,
+                   **labels: str) -> tuple[Samples, FailureModeAnswers]:
+    """Check rls counted a load run's calls; return (metrics after, failure-mode answers).
 
     `rls_requests_total{labels}` must grow by `total` (h2load's or wrk's count) plus at most
     `slack` (calls in flight at the load tool's deadline are answered but not counted by it),
-    else this raises. Errors = rls_request_errors_total (gRPC errors) + rls_backend_errors_total
-    (backend calls that missed their deadline and got the failure-mode answer: not decisions).
+    else this raises — unless calls were answered by the failure mode: a deny answer has
+    another code and a refused call (UNAVAILABLE) none, so the count cannot match; the run is
+    then returned as it is and its figure is marked invalid by the caller.
     """
     start = metric_sum(before, "rls_requests_total", **labels)
     after = rls.metrics_after("rls_requests_total", start + total, **labels)
+    fm = failure_mode_answers(before, after)
     done = metric_sum(after, "rls_requests_total", **labels) - start
     if not total <= done <= total + slack:
-        raise RuntimeError(f"{label}: rls counted {done:.0f} calls {labels} for {total} sent")
-    errors = sum(metric_sum(after, n) - metric_sum(before, n)
-                 for n in ("rls_request_errors_total", "rls_backend_errors_total"))
-    return after, errors
+        if fm.valid:
+            raise RuntimeError(f"{label}: rls counted {done:.0f} calls {labels} for {total} sent")
+        print(f"{label}: rls counted {done:.0f} calls {labels} for {total} sent; "
+              f"{fm.count} failure-mode answers {fm.breakdown}", flush=True)
+    return after, fm
+
+
+def target_result(what: str, measured: float | None, passed: bool,
+                  fm: FailureModeAnswers | None = None, note: str = "") -> dict[str, Any]:
+    """One goal of DESIGN §11: PASS only when met by a valid figure (0 failure-mode answers)."""
+    why = note
+    if fm is not None and not fm.valid:
+        passed = False
+        why = f"invalid: {fm.count} failure-mode answers" + (f"; {note}" if note else "")
+    return {"target": what, "measured": measured, "result": "PASS" if passed else "FAIL",
+            "failure_mode_answers": None if fm is None else fm.count, "why": why}
+
+
+def print_targets(targets: Sequence[dict[str, Any]],
+                  title: str = "DESIGN §11 targets (PASS needs 0 failure-mode answers)") -> str:
+    print()
+    return table(["target", "measured", "result", "why"],
+                 [[t["target"], t["measured"], t["result"], t["why"] or "-"] for t in targets],
+                 title)
 
 
 def write_config(directory: Path, *texts: str) -> Path:

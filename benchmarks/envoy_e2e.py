@@ -12,9 +12,17 @@ tests/e2e/harness.py (the same code the end-to-end tests use). Changes for the b
 
 wrk sends `GET /items?page=1` as alice: three descriptors per call (user+path, api+user,
 remote_address). Checks: every response is 2xx (wrk's status errors = 0, no socket errors);
-with rls, Envoy's ratelimit.ok counter grows by the number of requests and ratelimit.error /
-failure_mode_allowed stay 0 (a timed-out rls would silently fail open), and rls counted the calls.
+with rls, Envoy's ratelimit.ok counter grows by the number of requests and rls counted the
+calls. Every rls figure carries two counts of calls nothing decided, and is marked INVALID
+(failing its target) if either is above 0: rls's failure-mode answers (rls's /metrics scraped
+around each wrk run: rls_failure_mode_answers_total + rls_request_errors_total) and Envoy's
+own `cluster.backend.ratelimit.error` (Envoy gave up on rls, or rls refused the call, and
+Envoy's failure_mode_deny: false let the request through: `failure_mode_allowed`).
+rls runs with its production defaults (`--rls-arg` adds `rls serve` arguments).
 Variants run interleaved for `--rounds` rounds (median req/s).
+
+DESIGN §11 targets (per-request mode): rls memory >= 0.50 x and rls Redis >= 0.40 x Envoy
+without limiting, with 0 failure-mode answers.
 
     python benchmarks/envoy_e2e.py [--quick] [--duration 5] [--rounds 2] [--connections 8]
 """
@@ -35,11 +43,18 @@ from typing import Any
 
 from _common import (
     BENCH_CONFIG,
+    NO_FAILURE_ANSWERS,
     ROOT,
+    FailureModeAnswers,
+    failure_mode_answers,
+    fm_cell,
     median,
+    metric_sum,
+    print_targets,
     start_redis,
     start_rls,
     table,
+    target_result,
     workdir,
     write_config,
     write_results,
@@ -198,6 +213,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--connections", type=int, default=8, help="wrk -c")
+    parser.add_argument("--rls-arg", action="append", default=[], metavar="ARG",
+                        help="extra `rls serve` argument, repeatable; default: none")
     args = parser.parse_args()
     if args.quick:
         args.duration, args.rounds = 1.0, 1
@@ -208,8 +225,8 @@ def main() -> None:
     d = workdir("envoy")
     cfg = write_config(d / "config", GATEWAY_CONFIG)
     redis = start_redis(d)
-    rls_mem = start_rls(cfg, d, name="rls-memory")
-    rls_red = start_rls(cfg, d, redis_url=redis.url, name="rls-redis")
+    rls_mem = start_rls(cfg, d, name="rls-memory", extra=args.rls_arg)
+    rls_red = start_rls(cfg, d, redis_url=redis.url, name="rls-redis", extra=args.rls_arg)
     script = d / "report.lua"
     script.write_text(WRK_SCRIPT)
 
@@ -244,49 +261,85 @@ def main() -> None:
         run_wrk(listener, v["key"], 1, args.connections, script)  # warm-up
 
     runs: dict[str, list[dict[str, Any]]] = {v["name"]: [] for v in variants}
+    fm_total: dict[str, FailureModeAnswers] = {v["name"]: NO_FAILURE_ANSWERS for v in variants
+                                               if v["rls"] is not None}
+    envoy_errors: dict[str, int] = {v["name"]: 0 for v in variants if v["rls"] is not None}
     for r in range(args.rounds):
         rotated = variants[r % len(variants):] + variants[: r % len(variants)]
         for v in rotated:
             envoy, rls = v["envoy"], v["rls"]
             before_env = ratelimit_stats(envoy)
-            before_rls = rls.metric("rls_requests_total", domain="gateway") if rls else 0
+            before_rls = rls.metrics() if rls else {}
             res = run_wrk(envoy.listener_port, v["key"], args.duration, args.connections, script)
             if rls is not None:
                 after_env = ratelimit_stats(envoy)
                 delta = {k: after_env.get(k, 0) - before_env.get(k, 0) for k in after_env}
-                counted = rls.metric("rls_requests_total", domain="gateway") - before_rls
+                start = metric_sum(before_rls, "rls_requests_total", domain="gateway")
+                after_rls = rls.metrics_after("rls_requests_total", start + res["requests"],
+                                              domain="gateway")
+                counted = metric_sum(after_rls, "rls_requests_total", domain="gateway") - start
+                fm = failure_mode_answers(before_rls, after_rls)
+                env_err = delta.get("error", 0)
                 res["envoy_ratelimit"] = delta
                 res["rls_counted"] = counted
-                bad = {k: n for k, n in delta.items() if k != "ok" and n}
+                res.update(fm.json())
+                res["envoy_ratelimit_errors"] = env_err
+                res["valid"] = fm.valid and not env_err
+                fm_total[v["name"]] = fm_total[v["name"]] + fm
+                envoy_errors[v["name"]] += env_err
+                unexpected = {k: n for k, n in delta.items()
+                              if k not in ("ok", "error", "failure_mode_allowed") and n}
                 # wrk stops counting at its deadline: allow the calls in flight then.
-                if bad or not res["requests"] <= delta.get("ok", 0) <= res["requests"] \
-                        + args.connections or counted < res["requests"]:
+                counts_ok = res["requests"] <= delta.get("ok", 0) <= res["requests"] \
+                    + args.connections and counted >= res["requests"]
+                if unexpected or (not counts_ok and res["valid"]):
                     raise RuntimeError(f"{v['name']}: Envoy ratelimit stats {delta}, rls counted "
                                        f"{counted:.0f}, wrk {res['requests']} requests")
+                if not res["valid"]:
+                    print(f"{v['name']}: {fm.count} rls failure-mode answers {fm.breakdown}, "
+                          f"Envoy ratelimit stats {delta}: this figure is INVALID", flush=True)
             runs[v["name"]].append(res)
             print(f"round {r + 1}: {v['name']:<16} {res['rps']:9.1f} req/s", flush=True)
 
     base = median([x["rps"] for x in runs["none"]])
-    rows, out = [], []
+    rows, out, targets = [], [], []
+    goal = {"rls memory": 0.50, "rls redis": 0.40}
     for v in variants:
         rs = runs[v["name"]]
         rps = median([x["rps"] for x in rs])
+        fm_v = fm_total.get(v["name"])
+        env_err = envoy_errors.get(v["name"])
+        valid = fm_v is None or (fm_v.valid and not env_err)
 
         def med(k: str, rs: list[dict[str, Any]] = rs) -> float:
             return median([x[k] for x in rs]) / 1000
 
         out.append({"variant": v["name"], "rps_median": round(rps, 1),
                     "rps_rounds": [round(x["rps"], 1) for x in rs],
-                    "ratio_to_none": round(rps / base, 3), "runs": rs})
+                    "ratio_to_none": round(rps / base, 3),
+                    "failure_mode_answers": None if fm_v is None else fm_v.count,
+                    "failure_mode_breakdown": None if fm_v is None else fm_v.breakdown,
+                    "envoy_ratelimit_errors": env_err, "valid": valid, "runs": rs})
         rows.append([v["name"], rps, " ".join(f"{x['rps']:.0f}" for x in rs), f"{rps / base:.2f}",
                      med("mean_us"), med("p50_us"), med("p90_us"), med("p99_us"),
-                     med("p999_us")])
+                     med("p999_us"), fm_cell(fm_v), "-" if env_err is None else env_err,
+                     "yes" if valid else "INVALID"])
+        if v["name"] in goal:
+            ratio = rps / base
+            envoy_fm = FailureModeAnswers(env_err or 0, {"envoy/error": env_err or 0})
+            targets.append(target_result(
+                f"{v['name']} >= {goal[v['name']]:.2f} x no limiting (per-request mode)",
+                round(ratio, 3), ratio >= goal[v["name"]],
+                fm_v if not env_err else envoy_fm + (fm_v or NO_FAILURE_ANSWERS)))
     title = (f"Envoy end to end: wrk -t1 -c{args.connections}, GET {PATH}, "
              f"{max(1, round(args.duration))} s x {args.rounds} round(s) "
              "(latency: median of rounds)")
     text = table(["variant", "req/s (median)", "rounds", "x none", "mean ms", "p50 ms",
-                  "p90 ms", "p99 ms", "p99.9 ms"], rows, title)
-    write_results("envoy_e2e", {"params": vars(args), "results": out}, args.quick, [text])
+                  "p90 ms", "p99 ms", "p99.9 ms", "failure-mode answers", "Envoy rl errors",
+                  "valid"], rows, title)
+    text2 = print_targets(targets)
+    write_results("envoy_e2e", {"params": vars(args), "results": out,
+                                "target_results": targets}, args.quick, [text, text2])
     for v in variants:
         v["envoy"].stop()
     for p in (rls_mem, rls_red, redis):

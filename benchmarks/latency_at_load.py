@@ -8,6 +8,11 @@ streams that a slow answer does not hold back the next send) at each rate. Laten
 from h2load's per-request log: mean, p50, p99, p99.9. A point whose achieved rate falls short
 of the offered one by more than 5 % is marked `saturated` (its latencies then measure queueing).
 
+Every rls point (and each server's peak) carries the calls answered by the failure mode during
+its run (rls_failure_mode_answers_total + rls_request_errors_total, scraped before and after):
+a point with any is marked INVALID (a fail-open answer is fast and not a decision) and fails
+its target. rls runs with its production defaults (`--rls-arg` adds `rls serve` arguments).
+
 DESIGN §11 targets: p99 under 5 ms at half of peak; mean under 1 ms at 1,000 calls/s.
 
     python benchmarks/latency_at_load.py [--quick] [--duration 10] [--rates 1000,half]
@@ -20,14 +25,19 @@ from typing import Any
 
 from _common import (
     METHOD,
+    RlsProc,
     check_grpc_ok,
+    failure_mode_answers,
+    fm_cell,
     h2load,
-    metric_sum,
+    print_targets,
     request_bytes,
     start_floor,
     start_redis,
     start_rls,
     table,
+    target_result,
+    validity,
     workdir,
     write_config,
     write_frame,
@@ -44,6 +54,8 @@ def main() -> None:
     parser.add_argument("--rates", default="1000,half",
                         help="comma list of calls/s; 'half' = half of the measured peak")
     parser.add_argument("--clients", type=int, default=4, help="h2load -c for the paced runs")
+    parser.add_argument("--rls-arg", action="append", default=[], metavar="ARG",
+                        help="extra `rls serve` argument, repeatable; default: none")
     args = parser.parse_args()
     if args.quick:
         args.duration, args.peak_duration = 2.0, 1.0
@@ -52,56 +64,75 @@ def main() -> None:
     cfg = write_config(d / "config")
     redis = start_redis(d)
     servers = [("floor", start_floor(d)),
-               ("rls memory", start_rls(cfg, d, name="rls-memory")),
-               ("rls redis", start_rls(cfg, d, redis_url=redis.url, name="rls-redis"))]
+               ("rls memory", start_rls(cfg, d, name="rls-memory", extra=args.rls_arg)),
+               ("rls redis", start_rls(cfg, d, redis_url=redis.url, name="rls-redis",
+                                       extra=args.rls_arg))]
     req = request_bytes("bench")
     body = write_frame(d / "req.bin", req)
 
-    rows, out = [], []
+    rows, out, targets = [], [], []
     for name, rls in servers:
+        is_rls = isinstance(rls, RlsProc)
         check_grpc_ok(rls.grpc_addr, req, 1)
         url = f"http://127.0.0.1:{rls.grpc_port}{METHOD}"
         h2load(url, body, clients=2, streams=16, duration=1.0, log_dir=d).check()  # warm-up
+        before = rls.metrics() if is_rls else {}
         peak = h2load(url, body, clients=2, streams=16, duration=args.peak_duration,
                       label=f"{name} peak", log_dir=d)
         peak.check()
+        peak_fm = failure_mode_answers(before, rls.metrics()) if is_rls else None
+        if peak_fm is not None and not peak_fm.valid:
+            print(f"{peak.label}: {peak_fm.count} failure-mode answers {peak_fm.breakdown}: "
+                  "the peak (and so 'half of peak') is INVALID", flush=True)
         rates: list[tuple[str, float]] = []
         for r in args.rates.split(","):
             rates.append(("half of peak", peak.rps / 2) if r.strip() == "half"
                          else (f"{float(r):g}/s", float(r)))
         for label, rate in rates:
-            before = rls.metrics() if name != "floor" else {}
+            before = rls.metrics() if is_rls else {}
             res = h2load(url, body, clients=args.clients, streams=64, duration=args.duration,
                          rps_per_client=max(1.0, rate / args.clients), label=f"{name} {label}",
                          log_dir=d)
             res.check()
-            after = rls.metrics() if name != "floor" else {}
-            errors = (metric_sum(after, "rls_request_errors_total")
-                      - metric_sum(before, "rls_request_errors_total"))
-            backend_errors = (metric_sum(after, "rls_backend_errors_total")
-                              - metric_sum(before, "rls_backend_errors_total"))
-            if errors:
-                raise RuntimeError(f"{res.label}: {errors:.0f} gRPC errors counted by rls")
+            fm = failure_mode_answers(before, rls.metrics()) if is_rls else None
+            if label == "half of peak" and fm is not None and peak_fm is not None:
+                fm = fm + peak_fm  # the rate itself comes from the peak run
             s = res.summary()
             saturated = res.rps < 0.95 * rate
             entry: dict[str, Any] = {
                 "server": name, "point": label, "offered_rps": round(rate, 1),
                 "achieved_rps": round(res.rps, 1), "peak_rps": round(peak.rps, 1),
-                "saturated": saturated, "backend_errors": backend_errors,
+                "saturated": saturated,
+                **(fm.json() if fm is not None else {"failure_mode_answers": None,
+                                                     "valid": True}),
+                "peak_failure_mode_answers": None if peak_fm is None else peak_fm.count,
                 "latency": {k: s[k] for k in s if k.endswith("_ms") or k == "n"},
             }
             out.append(entry)
             rows.append([name, label, rate, res.rps, s["mean_ms"], s["p50_ms"], s["p99_ms"],
                          s["p999_ms"], s["max_ms"], "yes" if saturated else "no",
-                         int(backend_errors)])
+                         fm_cell(fm), validity(fm)])
             print(f"{res.label}: offered {rate:.0f}/s achieved {res.rps:.0f}/s "
-                  f"p99 {s['p99_ms']} ms", flush=True)
+                  f"p99 {s['p99_ms']} ms, failure-mode answers {fm_cell(fm)}", flush=True)
+            if not is_rls:
+                continue
+            note = "saturated" if saturated else ""
+            if label == "half of peak":
+                targets.append(target_result(f"{name}: p99 < 5 ms at half of peak (ms)",
+                                             s["p99_ms"], s["p99_ms"] < 5 and not saturated,
+                                             fm, note))
+            elif rate == 1000:
+                targets.append(target_result(f"{name}: mean < 1 ms at 1,000 calls/s (ms)",
+                                             s["mean_ms"], s["mean_ms"] < 1 and not saturated,
+                                             fm, note))
     title = (f"Latency at fixed offered load: h2load --rps over {args.clients} connections, "
              f"{args.duration:g} s per point, 3-descriptor request (allowed)")
     text = table(["server", "point", "offered/s", "achieved/s", "mean ms", "p50 ms", "p99 ms",
-                  "p99.9 ms", "max ms", "saturated", "backend errors"], rows, title)
-    print("\nDESIGN §11 targets: p99 < 5 ms at half of peak; mean < 1 ms at 1,000 calls/s")
-    write_results("latency_at_load", {"params": vars(args), "results": out}, args.quick, [text])
+                  "p99.9 ms", "max ms", "saturated", "failure-mode answers", "valid"], rows,
+                 title)
+    text2 = print_targets(targets)
+    write_results("latency_at_load", {"params": vars(args), "results": out,
+                                      "target_results": targets}, args.quick, [text, text2])
     for _, rls in servers:
         rls.stop()
     redis.stop()

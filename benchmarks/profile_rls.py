@@ -11,6 +11,11 @@ protobuf where py-spy can unwind them). Writes to benchmarks/results/:
 - profile-<backend>.svg        a flame graph, with `--svg` (a second, separate recording);
 (`profile-<backend>-native*` with `--native`).
 
+rls runs with its production defaults (`--rls-arg` adds `rls serve` arguments). The req/s
+h2load reached during each recording is printed with the calls answered by the failure mode
+during that load (rls's /metrics scraped before and after it): a profile of a run with any
+(marked INVALID) shows fail-open answers, not decisions.
+
     python benchmarks/profile_rls.py [--quick] [--duration 10] [--backend memory] [--native]
 """
 
@@ -25,16 +30,19 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from _common import (
     METHOD,
     RESULTS,
     ROOT,
     check_grpc_ok,
+    failure_mode_answers,
     h2load_binary,
     request_bytes,
     start_redis,
     start_rls,
+    validity,
     workdir,
     write_config,
     write_frame,
@@ -114,6 +122,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--rls-arg", action="append", default=[], metavar="ARG",
+                        help="extra `rls serve` argument, repeatable; default: none")
     args = parser.parse_args()
     if args.quick:
         args.duration = 2
@@ -124,7 +134,7 @@ def main() -> None:
     if args.backend == "redis":
         redis_url = start_redis(d).url
     rls = start_rls(cfg, d, redis_url=redis_url, name=f"rls-{args.backend}",
-                    extra=["--backend-timeout-ms", "1000"] if redis_url else [])
+                    extra=args.rls_arg)
     req = request_bytes("bench")
     check_grpc_ok(rls.grpc_addr, req, 1)
     body = write_frame(d / "req.bin", req)
@@ -135,10 +145,12 @@ def main() -> None:
     collapsed = RESULTS / f"{base}.collapsed"
 
     recordings = [("raw", collapsed)]
+    loads: list[dict[str, Any]] = []
     if args.svg:
         recordings.append(("flamegraph", RESULTS / f"{base}.svg"))
     for fmt, out in recordings:
         load_seconds = args.duration + 3
+        before = rls.metrics()
         load = subprocess.Popen(
             [h2load_binary(), "-c", str(args.clients), "-m", str(args.streams),
              "-D", str(load_seconds), "-d", str(body), "-H", "content-type: application/grpc",
@@ -158,20 +170,30 @@ def main() -> None:
         if spy.returncode != 0:
             raise SystemExit(f"py-spy failed ({spy.returncode}): {spy.stderr}{spy.stdout}")
         m = re.search(r"finished in .*?([\d.]+) req/s", stdout)
+        fm = failure_mode_answers(before, rls.metrics())
+        loads.append({"recording": fmt, "rps": float(m.group(1)) if m else None, **fm.json()})
         print(f"py-spy {fmt}: {out.relative_to(ROOT)}; h2load during the recording: "
-              f"{m.group(1) if m else '?'} req/s", flush=True)
+              f"{m.group(1) if m else '?'} req/s, failure-mode answers {fm.count} "
+              f"(valid: {validity(fm)}){' ' + str(fm.breakdown) if fm.count else ''}",
+              flush=True)
 
     text, samples, top_own, top_total = summarise(collapsed.read_text(), args.top)
+    fm_note = ", ".join(f"{x['recording']}: {x['rps']} req/s, failure-mode answers "
+                        f"{x['failure_mode_answers']} (valid: {'yes' if x['valid'] else 'INVALID'})"
+                        for x in loads)
     header = (f"rls {args.backend} backend under h2load -c {args.clients} -m {args.streams} "
               f"(3-descriptor request), py-spy record --rate {args.rate} --duration "
               f"{args.duration}{' --native' if args.native else ''}, pid {rls.pid}, "
-              f"{os.cpu_count()} CPUs, loadavg {os.getloadavg()[0]:.1f}\n\n")
+              f"{os.cpu_count()} CPUs, loadavg {os.getloadavg()[0]:.1f}\n"
+              f"load during the recording(s): {fm_note}\n\n")
     summary = RESULTS / f"{base}-top.txt"
     summary.write_text(header + text + "\n")
     print(header + text)
     print(f"\nsummary: {summary.relative_to(ROOT)}")
     write_results(base.removesuffix("-quick").replace("-", "_"), {
-        "params": vars(args), "samples": samples,
+        "params": vars(args), "samples": samples, "load": loads,
+        "failure_mode_answers": sum(x["failure_mode_answers"] for x in loads),
+        "valid": all(x["valid"] for x in loads),
         "top_own": [{"function": f, "samples": n, "pct": round(n / samples * 100, 2)}
                     for f, n in top_own],
         "top_total": [{"function": f, "samples": n, "pct": round(n / samples * 100, 2)}

@@ -1,8 +1,10 @@
 """Soak: a few minutes of mixed load against rls + Redis; memory growth and error counts.
 
-rls runs with its production defaults (Redis backend, --backend-timeout-ms 15) on a private
-redis-server. The load generator (this process, grpc.aio, `--tasks` concurrent callers, paced
-to `--rate` calls/s when given) sends a mix of:
+rls runs with its production defaults (Redis backend; `--rls-arg` adds `rls serve` arguments)
+on a private redis-server. The load generator (this process, grpc.aio, `--tasks` concurrent
+callers, paced to `--rate` calls/s when given) sends each call with a gRPC deadline of
+`--call-timeout` seconds (default 0.25 s, the rate-limit filter timeout of envoy/gateway.yaml,
+which Envoy sends as grpc-timeout; rls takes its store-time budget from it) and a mix of:
 
 - allowed (45 %): domain bench, 3 descriptors, user among 50,000 ids -> OK;
 - over (15 %): domain bench_over (remote_address 1/hour) -> OVER_LIMIT;
@@ -14,7 +16,10 @@ to `--rate` calls/s when given) sends a mix of:
 
 Every few seconds it samples the rls process's RSS (psutil; all worker processes if any) and
 Redis used_memory. Reported: RSS first third vs last third of the run (growth), calls by kind
-and outcome, unexpected outcomes (errors), rls's own error counters and the warnings in its log.
+and outcome, unexpected outcomes (errors), rls's own error counters and the warnings in its log,
+and the calls answered by the failure mode (rls_failure_mode_answers_total +
+rls_request_errors_total other than the invalid requests sent on purpose, scraped before and
+after the run): with any, the run's calls/s figure is marked INVALID.
 
     python benchmarks/soak.py [--minutes 2] [--quick] [--tasks 8] [--rate 0]
 """
@@ -34,6 +39,7 @@ from _common import (
     METHOD,
     OVER_CONFIG,
     check_grpc_ok,
+    failure_mode_answers,
     metric_sum,
     request_bytes,
     start_redis,
@@ -89,7 +95,7 @@ def expected(kind: str, status: str, code: int | None) -> bool:
 
 
 async def load(addr: str, seconds: float, tasks: int, rate: float, stats: dict[str, Any],
-               seed: int) -> None:
+               seed: int, call_timeout: float) -> None:
     import grpc
     from envoy.service.ratelimit.v3 import rls_pb2
 
@@ -112,7 +118,7 @@ async def load(addr: str, seconds: float, tasks: int, rate: float, stats: dict[s
                 body = make_request(kind, rnd)
                 code = None
                 try:
-                    data = await call(body, timeout=2.0)
+                    data = await call(body, timeout=call_timeout)
                     status = "OK"
                     code = rls_pb2.RateLimitResponse.FromString(data).overall_code
                 except grpc.aio.AioRpcError as exc:
@@ -158,6 +164,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="calls/s in total (0 = flat out)")
     parser.add_argument("--sample-every", type=float, default=3.0, help="seconds between samples")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--call-timeout", type=float, default=0.25,
+                        help="gRPC deadline per call, s (Envoy's filter timeout in the gateway)")
+    parser.add_argument("--rls-arg", action="append", default=[], metavar="ARG",
+                        help="extra `rls serve` argument, repeatable; default: none")
     args = parser.parse_args()
     if args.quick:
         args.minutes, args.sample_every = 10 / 60, 1.0
@@ -168,7 +178,7 @@ def main() -> None:
     d = workdir("soak")
     cfg = write_config(d / "config", BENCH_CONFIG, OVER_CONFIG, SOAK_CONFIG)
     redis = start_redis(d)
-    rls = start_rls(cfg, d, redis_url=redis.url, name="rls-soak")
+    rls = start_rls(cfg, d, redis_url=redis.url, name="rls-soak", extra=args.rls_arg)
     root = psutil.Process(rls.pid)
     pids = [p.pid for p in root.children(recursive=True)] or [rls.pid]
     check_grpc_ok(rls.grpc_addr, request_bytes("bench_over"))  # the hour's one allowed call
@@ -180,7 +190,8 @@ def main() -> None:
 
     async def run() -> None:
         await asyncio.gather(
-            load(rls.grpc_addr, seconds, args.tasks, args.rate, stats, args.seed),
+            load(rls.grpc_addr, seconds, args.tasks, args.rate, stats, args.seed,
+                 args.call_timeout),
             sample(pids, redis.client(), seconds, args.sample_every, samples),
         )
 
@@ -206,15 +217,25 @@ def main() -> None:
                 or "Traceback" in ln]
     counters = {
         "rls_request_errors_total": delta("rls_request_errors_total"),
-        "rls_backend_errors_total": delta("rls_backend_errors_total"),
+        "rls_failure_mode_answers_total": delta("rls_failure_mode_answers_total"),
         "rls_requests_total": delta("rls_requests_total"),
     }
+    # The invalid requests are sent on purpose: INVALID_ARGUMENT is their expected answer.
+    fm = failure_mode_answers(before, after, ignore_reasons=("invalid_argument",))
+    # Calls the caller gave up on (its deadline passed first): Envoy would answer them with its
+    # own failure mode, so they too make the figure invalid (counted apart: rls may have
+    # answered them late, or by its failure mode, and counted them itself).
+    gave_up = sum(outs.get("DEADLINE_EXCEEDED", 0) for outs in stats["calls"].values())
+    valid = fm.valid and not gave_up
     unexpected = sum(stats["unexpected"].values())
 
     t1 = table(["metric", "value"], [
         ["duration s", round(elapsed, 1)],
         ["calls", total],
         ["calls/s", round(total / elapsed, 1)],
+        ["calls answered by the failure mode (rls)", fm.count],
+        ["calls the caller gave up on (DEADLINE_EXCEEDED)", gave_up],
+        ["calls/s figure valid", "yes" if valid else "INVALID"],
         ["rls RSS first third MiB", round(first, 2)],
         ["rls RSS last third MiB", round(last, 2)],
         ["rls RSS growth MiB", round(last - first, 2)],
@@ -223,7 +244,6 @@ def main() -> None:
         ["redis used_memory first/last third MiB", f"{r_first:.2f} / {r_last:.2f}"],
         ["unexpected outcomes (errors)", unexpected],
         ["rls_request_errors_total (invalid + unavailable)", counters["rls_request_errors_total"]],
-        ["rls_backend_errors_total (fail-open answers)", counters["rls_backend_errors_total"]],
         ["rls log warnings/errors", len(warnings)],
         ["rls alive at the end", "yes" if alive else "NO"],
     ], f"Soak: {seconds:.0f} s, {args.tasks} tasks, "
@@ -234,8 +254,12 @@ def main() -> None:
     t2 = table(["kind", "outcome", "calls"], rows, "Calls by kind and outcome")
     if stats["unexpected"]:
         print("\nunexpected:", stats["unexpected"])
+    if not fm.valid:
+        print("\nfailure-mode answers:", fm.breakdown)
     write_results("soak", {
         "params": vars(args), "elapsed_s": elapsed, "calls_total": total,
+        "calls_per_s": round(total / elapsed, 1), **fm.json(),
+        "caller_deadline_exceeded": gave_up, "valid": valid,
         "calls": stats["calls"], "unexpected": stats["unexpected"],
         "rss_mib": {"first_third": first, "last_third": last, "growth": last - first,
                     "growth_pct": (last - first) / first * 100, "max": max(rss)},

@@ -135,7 +135,7 @@ class Metrics:
         )
         self.loop_lag = Histogram(
             "rls_event_loop_lag_seconds",
-            "How late the event loop ran a 5 ms tick (time no waiting call could use)",
+            "How late the event loop ran a 10 ms tick (time no waiting call could use)",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
             registry=r,
         )

@@ -5,7 +5,7 @@ a CPU-starved event loop delays the moment the reply is read. Counting that time
 store made every GC pause look like a dead Redis (three such "timeouts" opened the breaker and
 the failure mode answered everything, uncounted). Here:
 
-- `LoopLag` ticks every few milliseconds and accumulates how late each tick ran: the time the
+- `LoopLag` ticks every 10 ms and accumulates how late each tick ran: the time the
   loop spent elsewhere, which no awaiting call could use.
 - `StoreDeadline` gives a call its budget of *store* time: when the budget is spent on the wall
   clock, the loop's lost time over the same span is handed back and the deadline moves on. Only
@@ -27,7 +27,7 @@ class LoopLag:
     """Time the event loop was late for a periodic tick, summed (seconds)."""
 
     def __init__(
-        self, interval: float = 0.005, observe: Callable[[float], None] | None = None
+        self, interval: float = 0.01, observe: Callable[[float], None] | None = None
     ) -> None:
         self.interval = interval
         self._observe = observe
