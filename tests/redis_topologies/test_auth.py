@@ -111,3 +111,19 @@ def test_redact_hides_the_password(url: str):
     shown = redact(url)
     assert "pw-1" not in shown and "***" in shown, shown
     assert shown.replace(":***@", "@").split("@", 1)[1] == url.split("@", 1)[1], shown
+
+
+def test_acl_user_without_script_rights_is_not_ready_and_says_why(
+    auth_redis: AuthSetup, rls_factory, tmp_path: Path
+):
+    """The user logs in, but its ACL forbids EVALSHA: rls is never ready and logs NOPERM
+    instead of answering every call by the failure mode while looking healthy."""
+    admin = auth_redis.proc.client()
+    admin.execute_command("ACL", "SETUSER", "noscript", "on", ">noscript-pw", "~*",
+                          "+@all", "-@scripting")
+    url = f"redis://noscript:noscript-pw@127.0.0.1:{auth_redis.proc.port}/0"
+    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), url, ready=False)
+    wait_until(lambda: "redis refuses rls" in rls.log() and "NOPERM" in rls.log()
+               or "no permissions" in rls.log(), timeout=10, what="the ACL refusal logged")
+    assert http_get(rls.http_url + "/healthcheck")[0] == 500
+    assert "redis refuses rls" in rls.log(), rls.log()
