@@ -46,7 +46,8 @@ class CircuitBreaker:
         self._on_change = on_change
         self.state = CLOSED
         self._failures = 0
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None  # the prober while open
+        self._check: asyncio.Task[bool] | None = None  # a one-off probe while closed
         self.last_error = ""
 
     def set_probe(self, probe: Probe) -> None:
@@ -71,8 +72,19 @@ class CircuitBreaker:
 
     def suspect(self) -> None:
         """A call was slow or failed oddly: ask the store directly (one probe at a time)."""
-        if self._task is None and self.state == CLOSED:
-            self._spawn(self._check_once())
+        self.check()
+
+    def check(self) -> asyncio.Future[bool]:
+        """The store's health, from the probe in flight or a new one (one at a time); a
+        failed probe opens the breaker. An open breaker answers False at once."""
+        loop = asyncio.get_running_loop()
+        if self.state == OPEN:
+            done: asyncio.Future[bool] = loop.create_future()
+            done.set_result(False)
+            return done
+        if self._check is None or self._check.done():
+            self._check = loop.create_task(self._check_once())
+        return self._check
 
     def open(self, why: str = "") -> None:
         if self.state != OPEN:
@@ -86,11 +98,12 @@ class CircuitBreaker:
             self._set(CLOSED)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._task, self._check):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._check = None
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         try:
@@ -112,10 +125,11 @@ class CircuitBreaker:
             self.last_error = str(exc) or type(exc).__name__
             return False
 
-    async def _check_once(self) -> None:
-        if not await self._healthy():
-            self._task = None
-            self.open(self.last_error or "probe failed")
+    async def _check_once(self) -> bool:
+        if await self._healthy():
+            return True
+        self.open(self.last_error or "probe failed")
+        return False
 
     async def _probe_until_healthy(self) -> None:
         while True:

@@ -234,6 +234,10 @@ class RedisBackend:
         """A call used its whole store budget: let the probe find out whether Redis is ill."""
         self.breaker.suspect()
 
+    def check_health(self) -> asyncio.Future[bool]:
+        """Whether Redis answers a probe now (shared by every call that asks meanwhile)."""
+        return self.breaker.check()
+
     async def start(self) -> None:
         """Ready means ready: the store answers, accepts our credentials, has our scripts and
         lets us run them, and a few pooled connections are open for the first burst.

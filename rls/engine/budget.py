@@ -7,17 +7,20 @@ the failure mode answered everything, uncounted). Here:
 
 - `LoopLag` ticks every 10 ms and accumulates how late each tick ran: the time the
   loop spent elsewhere, which no awaiting call could use.
-- `StoreDeadline` gives a call its budget of *store* time: when the budget is spent on the wall
-  clock, the loop's lost time over the same span is handed back and the deadline moves on. Only
-  when the store itself has used the budget does the call expire as `store_slow`; a call that
-  keeps waiting because this process is overloaded expires at the hard cap as `overloaded`.
+- `store_deadline` gives a call its budget of *store* time: when the budget is spent on the
+  wall clock, the loop's lost time over the same span is handed back and the deadline moves on.
+  When the store itself has used the budget, the call expires as `store_slow` — at once when
+  the budget is the caller's (its deadline is up), else only once a health probe of the store
+  (its own connection) fails: a store that answers the probe is alive, and the call keeps
+  waiting for its reply. A call that keeps waiting because this process is overloaded expires
+  at the hard cap as `overloaded`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 STORE_SLOW = "store_slow"
 OVERLOADED = "overloaded"
@@ -82,9 +85,13 @@ class StoreDeadline:
 
 @contextlib.asynccontextmanager
 async def store_deadline(
-    budget: float, lag: LoopLag, cap: float
+    budget: float,
+    lag: LoopLag,
+    cap: float,
+    probe: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[StoreDeadline]:
-    """Raise TimeoutError when the store has used `budget` seconds, or the wall clock `cap`.
+    """Raise TimeoutError when the store has used `budget` seconds (and, with `probe`, the
+    store then failed a health probe), or the wall clock reached `cap`.
 
     `deadline.reason` says which (`store_slow` / `overloaded`) once TimeoutError is raised.
     """
@@ -94,22 +101,37 @@ async def store_deadline(
     result = StoreDeadline()
     async with asyncio.timeout(None) as timeout:
 
+        def expire(reason: str) -> None:
+            if result.reason is None and not finished:
+                result.reason = reason
+                timeout.reschedule(loop.time())  # expire on the next loop turn
+
+        def probed(future: asyncio.Future[bool]) -> None:
+            healthy = not future.cancelled() and future.exception() is None and future.result()
+            if not healthy:
+                expire(STORE_SLOW)
+
         def check() -> None:
             nonlocal handle
             now = loop.time()
             elapsed = now - start
             store_time = elapsed - (lag.lost() - lost_at_start)
-            if store_time >= budget:
-                result.reason = STORE_SLOW
-            elif elapsed >= cap:
-                result.reason = OVERLOADED
-            else:
+            if elapsed >= cap:
+                expire(OVERLOADED if store_time < budget or probe is not None else STORE_SLOW)
+            elif store_time < budget:
                 handle = loop.call_at(min(now + budget - store_time, start + cap), check)
-                return
-            timeout.reschedule(now)  # expire on the next loop turn
+            elif probe is None:
+                expire(STORE_SLOW)
+            else:
+                # The store used its budget: ask it directly; meanwhile the call keeps waiting
+                # (a reply still wins), and the cap still applies.
+                asyncio.ensure_future(probe()).add_done_callback(probed)
+                handle = loop.call_at(start + cap, check)
 
+        finished = False
         handle = loop.call_at(start + budget, check)
         try:
             yield result
         finally:
+            finished = True
             handle.cancel()

@@ -356,9 +356,12 @@ class RateLimiter:
         settings = self.settings
         budget = settings.backend_timeout_ms / 1000 if budget_s is None else budget_s
         cap = settings.overload_cap_ms / 1000
+        # With our own budget (no caller deadline), a store that used it is asked directly
+        # before the call is given up: only a failed probe is evidence of a slow store.
+        probe = getattr(backend, "check_health", None) if budget_s is None else None
         deadline = None
         try:
-            async with store_deadline(budget, self.lag, cap) as deadline:
+            async with store_deadline(budget, self.lag, cap, probe) as deadline:
                 if usage:
                     verdict = await backend.decide(checks, now_ms, usage, usage_ttl_ms)
                 else:

@@ -138,14 +138,18 @@ async def burst(
     return tallies
 
 
-def failure_answers(http_url: str) -> float:
+def failure_answers(http_url: str) -> dict[str, float]:
+    """Calls answered by the failure mode, by `reason/answer` (empty when none)."""
     with urllib.request.urlopen(http_url + "/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    total = 0.0
+    found: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         if fam.name == "rls_failure_mode_answers":
-            total += sum(s.value for s in fam.samples if s.name.endswith("_total"))
-    return total
+            for s in fam.samples:
+                if s.name.endswith("_total") and s.value:
+                    key = f"{s.labels['reason']}/{s.labels['answer']}"
+                    found[key] = found.get(key, 0.0) + s.value
+    return found
 
 
 def ready_workers(log: str) -> int:
@@ -177,7 +181,7 @@ def check_exact(tallies: dict[str, Tally], limit: int, procs: list[Any]) -> None
         family: (len(t.admitted_remaining), t.admitted_undecided, t.over, t.errors)
         for family, t in tallies.items()
     }
-    assert answered_by_failure_mode == [0.0] * len(procs), (answered_by_failure_mode, report)
+    assert answered_by_failure_mode == [{}] * len(procs), (answered_by_failure_mode, report)
     for family, tally in tallies.items():
         assert tally.admitted_undecided == 0, (family, report)
         assert len(tally.admitted_remaining) == limit, (family, report)
