@@ -1,5 +1,7 @@
 -- Decide one whole request atomically: evaluate every check, apply the admission rule
 -- (mirror of rls/engine/admission.py), then charge the selected checks. One EVALSHA per request.
+-- rls/backends/scripts.py puts in front of this file the generated prelude (flag bits,
+-- GRACE_MS) and only the algorithms the request uses, each registered in ALGOS by its id.
 --
 -- KEYS[i]: counter key of check i.
 -- ARGV[1]: now in ms, or '' to use Redis TIME (one clock for all replicas).
@@ -9,7 +11,6 @@
 --   argument costs the client an encoding step): algorithm id, flags, hits, limit, window ms,
 --   burst, overdraft, calendar window start, end, previous start (0 0 0 for epoch windows).
 -- Returns {admitted, then per check: ok, charged, remaining, reset ms, used}.
-local SHADOW, QUOTA, CHARGE_ALWAYS, NEGATIVE = 1, 2, 4, 8
 local STRIDE = 10
 
 local now

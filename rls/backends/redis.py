@@ -30,9 +30,9 @@ from redis.exceptions import NoScriptError, RedisError
 from rls.backends.base import BackendError
 from rls.backends.breaker import CircuitBreaker
 from rls.backends.pipelining import ScriptBatcher
-from rls.backends.scripts import decide_script
+from rls.backends.scripts import decide_script, lean_script
 from rls.engine.admission import admit
-from rls.engine.algorithms import ALGORITHM_IDS
+from rls.engine.algorithms import ALGORITHM_IDS, REGISTRY
 from rls.engine.model import Check, Outcome, Verdict
 from rls.engine.usage import UsageOp
 
@@ -160,16 +160,18 @@ class RedisBackend:
         self.url = url
         self.client: Any = connect(url, timeout_ms / 1000, connect_timeout_ms / 1000, pool_size)
         self.cluster = isinstance(self.client, RedisCluster)
-        self._script = self.client.register_script(decide_script())
+        # The lean fixed-window script, and one script per mix of algorithms built on first use
+        # (at most 2^len(REGISTRY), keyed by a bit per algorithm): rls/backends/scripts.py.
+        self._lean = self.client.register_script(lean_script())
+        self._mixes: dict[int, Any] = {}
+        self._bits = {spec.name: 1 << spec.id for spec in REGISTRY}
         self._call = (
-            ScriptBatcher(self.client, self._script)
-            if auto_pipeline and not self.cluster
-            else self._direct
+            ScriptBatcher(self.client) if auto_pipeline and not self.cluster else self._direct
         )
         self.breaker = breaker or CircuitBreaker("redis")
 
-    async def _direct(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._script(keys=keys, args=args)
+    async def _direct(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await script(keys=keys, args=args)  # redis-py reloads it on NOSCRIPT
 
     async def start(self) -> None:
         try:
@@ -252,9 +254,9 @@ class RedisBackend:
         On NOSCRIPT (Redis restarted or flushed) the usage commands have already run, so only
         the script is sent again — usage is never counted twice.
         """
-        keys, args = self._script_args(checks, now_ms, "d")
+        script, keys, args = self._script_args(checks, now_ms, "d")
         pipe = self.client.pipeline(transaction=False)
-        pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
         _queue_usage(pipe, ops, ttl_ms)
         results = await pipe.execute(raise_on_error=False)
         for extra in results[1:]:
@@ -262,7 +264,7 @@ class RedisBackend:
                 raise extra
         res = results[0]
         if isinstance(res, NoScriptError):
-            res = await self._script(keys=keys, args=args)  # loads the script, then EVALSHA
+            res = await script(keys=keys, args=args)  # loads the script, then EVALSHA
         elif isinstance(res, Exception):
             raise res
         return _verdict(res)
@@ -284,24 +286,53 @@ class RedisBackend:
         except (RedisError, OSError) as exc:
             raise BackendError(f"redis: {exc}") from exc
 
+    def _mix(self, mask: int) -> Any:
+        """The script for the algorithms whose bits are set in `mask`, registered once."""
+        script = self._mixes.get(mask)
+        if script is None:
+            names = [spec.name for spec in REGISTRY if mask & (1 << spec.id)]
+            script = self._mixes[mask] = self.client.register_script(decide_script(names))
+        return script
+
     def _script_args(
         self, checks: Sequence[Check], now_ms: int | None, mode: str
-    ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV for lua/decide.lua; all checks' numbers travel in one argument."""
-        params = []
+    ) -> tuple[Any, list[str], list[Any]]:
+        """The script for this request's algorithms, its KEYS and its ARGV.
+
+        All checks' numbers travel in one argument (each argument costs the client an encoding
+        step). Plain fixed windows take the lean script (flags, hits, limit, window per check);
+        anything else lua/decide.lua with the algorithms present (10 numbers per check).
+        """
+        now = "" if now_ms is None else str(now_ms)
+        keys = [c.key for c in checks]
+        lean = True
         for c in checks:
             lim = c.limit
+            if lim.algorithm != "fixed_window" or lim.overdraft or c.bounds is not None:
+                lean = False
+                break
+        if lean:
+            params = ",".join(
+                [f"{c.flags},{c.hits},{c.limit.requests_per_unit},{c.limit.window_ms}"
+                 for c in checks]
+            )
+            return self._lean, keys, [now, mode, params]
+        mask = 0
+        bits = self._bits
+        general = []
+        for c in checks:
+            lim = c.limit
+            mask |= bits[lim.algorithm]
             bounds = c.bounds
-            params.append(
+            general.append(
                 f"{ALGORITHM_IDS[lim.algorithm]},{c.flags},{c.hits},{lim.script_params},"
                 + (f"{bounds[0]},{bounds[1]},{bounds[2]}" if bounds else "0,0,0")
             )
-        now = "" if now_ms is None else str(now_ms)
-        return [c.key for c in checks], [now, mode, ",".join(params)]
+        return self._mix(mask), keys, [now, mode, ",".join(general)]
 
     async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
-        keys, args = self._script_args(checks, now_ms, mode)
-        return _verdict(await self._call(keys, args))
+        script, keys, args = self._script_args(checks, now_ms, mode)
+        return _verdict(await self._call(script, keys, args))
 
     async def _decide_cluster(self, checks: Sequence[Check], now_ms: int | None) -> Verdict:
         groups: dict[int, list[int]] = {}
