@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import struct
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -33,7 +34,7 @@ from rls.backends.pipelining import ScriptBatcher
 from rls.backends.scripts import decide_script, lean_script
 from rls.engine.admission import admit
 from rls.engine.algorithms import ALGORITHM_IDS, REGISTRY
-from rls.engine.model import Check, Outcome, Verdict
+from rls.engine.model import NEGATIVE, Check, Outcome, Verdict
 from rls.engine.usage import UsageOp
 
 
@@ -42,6 +43,33 @@ def _verdict(res: list[Any]) -> Verdict:
         Outcome(bool(res[o]), bool(res[o + 1]), int(res[o + 2]), int(res[o + 3]), int(res[o + 4]))
         for o in range(1, len(res), 5)
     ]
+    return Verdict(bool(res[0]), outcomes)
+
+
+_LEAN_CHECK = struct.Struct("<dddd")
+
+
+def _lean_verdict(res: list[Any], checks: Sequence[Check]) -> Verdict:
+    """Outcomes from lua/decide_fixed_window.lua's compact reply: {admitted, now, per check
+    used * 4 + ok * 2 + charged}. Remaining and reset follow from the check and `now` exactly as
+    fixed_window.lua computes them for a plain window (limit, no overdraft)."""
+    now = int(res[1])
+    outcomes = []
+    for check, code in zip(checks, res[2:], strict=True):
+        code = int(code)
+        used, ok, charged = code >> 2, bool(code & 2), bool(code & 1)
+        cap = check.limit.requests_per_unit
+        window = check.limit.window_ms
+        if charged:
+            if check.flags & NEGATIVE:
+                remaining = max(0, cap - max(0, used - check.hits))
+            else:
+                remaining = max(0, cap - used - check.hits)
+        elif ok:
+            remaining = max(0, cap - used)
+        else:
+            remaining = 0
+        outcomes.append(Outcome(ok, charged, remaining, window - now % window, used))
     return Verdict(bool(res[0]), outcomes)
 
 
@@ -267,7 +295,7 @@ class RedisBackend:
             res = await script(keys=keys, args=args)  # loads the script, then EVALSHA
         elif isinstance(res, Exception):
             raise res
-        return _verdict(res)
+        return _lean_verdict(res, checks) if script is self._lean else _verdict(res)
 
     async def peek(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
         """Evaluate without charging (counter queries); one call per slot in Cluster mode."""
@@ -300,8 +328,9 @@ class RedisBackend:
         """The script for this request's algorithms, its KEYS and its ARGV.
 
         All checks' numbers travel in one argument (each argument costs the client an encoding
-        step). Plain fixed windows take the lean script (flags, hits, limit, window per check);
-        anything else lua/decide.lua with the algorithms present (10 numbers per check).
+        step). Plain fixed windows take the lean script (flags, hits, limit, window per check,
+        packed as doubles: exact for integers below 2^53); anything else lua/decide.lua with the
+        algorithms present (10 numbers per check).
         """
         now = "" if now_ms is None else str(now_ms)
         keys = [c.key for c in checks]
@@ -312,11 +341,12 @@ class RedisBackend:
                 lean = False
                 break
         if lean:
-            params = ",".join(
-                [f"{c.flags},{c.hits},{c.limit.requests_per_unit},{c.limit.window_ms}"
+            pack = _LEAN_CHECK.pack
+            packed = b"".join(
+                [pack(c.flags, c.hits, c.limit.requests_per_unit, c.limit.window_ms)
                  for c in checks]
             )
-            return self._lean, keys, [now, mode, params]
+            return self._lean, keys, [now, mode, packed]
         mask = 0
         bits = self._bits
         general = []
@@ -332,7 +362,8 @@ class RedisBackend:
 
     async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
         script, keys, args = self._script_args(checks, now_ms, mode)
-        return _verdict(await self._call(script, keys, args))
+        res = await self._call(script, keys, args)
+        return _lean_verdict(res, checks) if script is self._lean else _verdict(res)
 
     async def _decide_cluster(self, checks: Sequence[Check], now_ms: int | None) -> Verdict:
         groups: dict[int, list[int]] = {}
