@@ -16,9 +16,8 @@ local function log_parse(m)
   return tonumber(string.sub(m, 1, 16)), tonumber(string.sub(m, 18))
 end
 
-local function log_migrate(key)
+local function log_migrate(key, now, window)
   local raw = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-  local ttl = redis.call('PTTL', key)
   local entries = {}
   for i = 1, #raw, 2 do
     local m = raw[i]
@@ -37,10 +36,14 @@ local function log_migrate(key)
     cum = cum + e[3]
     redis.call('ZADD', key, string.format('%d', e[1]), string.format(LOG_MEMBER, cum, e[3]))
   end
-  if ttl > 0 and #entries > 0 then redis.call('PEXPIRE', key, ttl) end
+  if #entries > 0 then  -- the expiry rule of log charges (see charge below)
+    local k = math.floor(entries[#entries][1] / window)
+    redis.call('PEXPIRE', key, string.format('%d', (k + 2) * window + GRACE_MS - now))
+  end
 end
 
--- The live log's ends: {oldest time, oldest cum, oldest hits, newest time, newest cum}, or nil.
+-- The live log's ends: {oldest time, oldest cum, oldest hits, newest time, newest cum}, or nil. Releases only remove or shrink entries, so the
+-- expiry set when the newest entry was logged still covers whatever is left.
 local function log_ends(key, now, window)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - window))
   for _ = 1, 2 do
@@ -52,7 +55,7 @@ local function log_ends(key, now, window)
     if c1 and c2 then
       return {tonumber(first[2]), c1, h1, tonumber(last[2]), c2}
     end
-    log_migrate(key)
+    log_migrate(key, now, window)
   end
   error('rls: unreadable log at ' .. key)
 end
@@ -103,7 +106,6 @@ local function log_algo(release_oldest)
         end
       end
       a.st = e
-      a.used = used
       return ok, math.max(0, cap - used - hits), math.max(0, cap - used), reset, used
     end,
     charge = function(key, now, a)
@@ -115,7 +117,14 @@ local function log_algo(release_oldest)
         c = e[5]
       end
       redis.call('ZADD', key, string.format('%d', t), string.format(LOG_MEMBER, c + a.hits, a.hits))
-      redis.call('PEXPIRE', key, string.format('%d', t + a.window + GRACE_MS - now))
+      -- The key must outlive its newest entry by window + GRACE_MS. It expires GRACE_MS after
+      -- the end of the aligned window following the newest entry's, set when an entry first
+      -- lands in a new aligned window: entries in the same aligned window need no PEXPIRE.
+      local w = a.window
+      local k = math.floor(t / w)
+      if not e or k ~= math.floor(e[4] / w) then
+        redis.call('PEXPIRE', key, string.format('%d', (k + 2) * w + GRACE_MS - now))
+      end
     end,
     release = function(key, now, a)
       local e, used = a.st, a.used
@@ -142,11 +151,6 @@ local function log_algo(release_oldest)
             redis.call('ZADD', key, t, string.format(LOG_MEMBER, c, h - take))
           end
           if left == 0 then break end
-        end
-        if not release_oldest and released < used then
-          local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-          redis.call('PEXPIRE', key,
-            string.format('%d', tonumber(newest[2]) + a.window + GRACE_MS - now))
         end
       end
       return math.max(0, a.cap - (used - released))

@@ -46,7 +46,8 @@ def _verdict(res: list[Any]) -> Verdict:
     return Verdict(bool(res[0]), outcomes)
 
 
-_LEAN_CHECK = struct.Struct("<dddd")
+_LEAN_CHECK = struct.Struct("<dddd")  # lua/decide_fixed_window.lua, per check
+_CHECK = struct.Struct("<dddddddddd")  # lua/decide.lua, per check
 
 
 def _lean_verdict(res: list[Any], checks: Sequence[Check]) -> Verdict:
@@ -330,7 +331,7 @@ class RedisBackend:
         All checks' numbers travel in one argument (each argument costs the client an encoding
         step). Plain fixed windows take the lean script (flags, hits, limit, window per check,
         packed as doubles: exact for integers below 2^53); anything else lua/decide.lua with the
-        algorithms present (10 numbers per check).
+        algorithms present (10 doubles per check).
         """
         now = "" if now_ms is None else str(now_ms)
         keys = [c.key for c in checks]
@@ -349,16 +350,18 @@ class RedisBackend:
             return self._lean, keys, [now, mode, packed]
         mask = 0
         bits = self._bits
+        pack = _CHECK.pack
         general = []
         for c in checks:
             lim = c.limit
             mask |= bits[lim.algorithm]
-            bounds = c.bounds
+            start, stop, prev = c.bounds or (0, 0, 0)
+            burst = lim.burst if lim.burst is not None else lim.requests_per_unit
             general.append(
-                f"{ALGORITHM_IDS[lim.algorithm]},{c.flags},{c.hits},{lim.script_params},"
-                + (f"{bounds[0]},{bounds[1]},{bounds[2]}" if bounds else "0,0,0")
+                pack(ALGORITHM_IDS[lim.algorithm], c.flags, c.hits, lim.requests_per_unit,
+                     lim.window_ms, burst, lim.overdraft, start, stop, prev)
             )
-        return self._mix(mask), keys, [now, mode, ",".join(general)]
+        return self._mix(mask), keys, [now, mode, b"".join(general)]
 
     async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
         script, keys, args = self._script_args(checks, now_ms, mode)

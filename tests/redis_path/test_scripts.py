@@ -202,4 +202,19 @@ async def test_log_in_the_earlier_member_format_is_rewritten(backend, server):
     assert verdict.outcomes[0].reset_ms == 60_000 - 3000
     members = [m.decode() for m in client.zrange("old:log", 0, -1)]
     assert members == [f"{c:016d}:{h}" for c, h in ((2, 2), (3, 1), (6, 3), (7, 1))]
-    assert client.pttl("old:log") > 50_000  # the new entry's expiry, not lost in the rewrite
+    assert client.pttl("old:log") > 60_000  # the new entry's expiry: a window and more
+
+
+async def test_log_rewritten_by_a_peek_keeps_an_expiry_covering_later_charges(backend, server):
+    lim = limit("sliding_log", 10)
+    client = server.client()
+    now = int(time.time() * 1000)
+    client.zadd("old:peek", {"1:1": now - 1000})
+    client.pexpire("old:peek", 60_000 - 1000 + 1000)  # the earlier rule: newest + window + 1 s
+    assert (await backend.peek([Check(0, lim, "old:peek", 1)], now)).outcomes[0].used == 1
+    # A charge later in the same aligned window sets no expiry of its own: the rewrite must
+    # already have set one that covers an entry logged up to the end of that window.
+    window_end = (now // 60_000 + 1) * 60_000
+    assert client.pttl("old:peek") >= window_end + 60_000 - now
+    await backend.decide([Check(0, lim, "old:peek", 1)], now + 10)
+    assert client.pttl("old:peek") >= window_end + 60_000 - now - 1000
