@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -314,6 +314,14 @@ class RedisBackend:
             return Verdict(all(o.ok for o in outcomes if o), outcomes)  # type: ignore[arg-type]
         except (RedisError, OSError) as exc:
             raise BackendError(f"redis: {exc}") from exc
+
+    async def load_scripts(self, algorithms: Iterable[str] = ()) -> None:
+        """SCRIPT LOAD the lean script and the single-algorithm script of each named algorithm,
+        so that a process can say it is ready before its first call. (Any other mix loads on
+        first use: EVALSHA answers NOSCRIPT once and redis-py loads it.)"""
+        scripts = [self._lean, *(self._mix(self._bits[name]) for name in algorithms)]
+        for script in scripts:
+            await self.client.script_load(script.script)
 
     def _mix(self, mask: int) -> Any:
         """The script for the algorithms whose bits are set in `mask`, registered once."""

@@ -218,3 +218,12 @@ async def test_log_rewritten_by_a_peek_keeps_an_expiry_covering_later_charges(ba
     assert client.pttl("old:peek") >= window_end + 60_000 - now
     await backend.decide([Check(0, lim, "old:peek", 1)], now + 10)
     assert client.pttl("old:peek") >= window_end + 60_000 - now - 1000
+
+
+async def test_load_scripts_loads_the_lean_and_the_named_algorithms_scripts(backend, server):
+    await backend.load_scripts(["sliding_log", "gcra"])
+    loaded = server.client().script_exists(
+        sha(lean_script()), sha(decide_script(["sliding_log"])), sha(decide_script(["gcra"])),
+        sha(decide_script(["token_bucket"])),
+    )
+    assert loaded == [True, True, True, False]
