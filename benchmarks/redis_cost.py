@@ -305,7 +305,7 @@ async def target_costs(url: str, client: Any, n: int, rounds: int) -> list[dict[
                 return [DescriptorIn(tuple((k, u if k == "user" else v) for k, v in e))
                         for e in descs]
 
-            async def rls_one(i: int) -> None:
+            async def rls_one(i: int, limiter: Any = limiter, algorithm: str = algorithm) -> None:
                 d = await limiter.should_rate_limit(DOMAIN, request(users[i % len(users)]))
                 if d.overall != 1:
                     raise RuntimeError(f"{algorithm}: a decision was not OK ({d.overall})")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -31,47 +30,13 @@ from redis.exceptions import NoScriptError, RedisError
 from rls.backends.base import BackendError
 from rls.backends.breaker import CircuitBreaker
 from rls.backends.pipelining import ScriptBatcher
-from rls.backends.scripts import decide_script, lean_script
+from rls.backends.scripts import CHECK, LEAN_CHECK, decide_script, lean_script
+from rls.backends.scripts import lean_verdict as _lean_verdict
+from rls.backends.scripts import verdict as _verdict
 from rls.engine.admission import admit
 from rls.engine.algorithms import ALGORITHM_IDS, REGISTRY
-from rls.engine.model import NEGATIVE, Check, Outcome, Verdict
+from rls.engine.model import Check, Outcome, Verdict
 from rls.engine.usage import UsageOp
-
-
-def _verdict(res: list[Any]) -> Verdict:
-    outcomes = [
-        Outcome(bool(res[o]), bool(res[o + 1]), int(res[o + 2]), int(res[o + 3]), int(res[o + 4]))
-        for o in range(1, len(res), 5)
-    ]
-    return Verdict(bool(res[0]), outcomes)
-
-
-_LEAN_CHECK = struct.Struct("<dddd")  # lua/decide_fixed_window.lua, per check
-_CHECK = struct.Struct("<dddddddddd")  # lua/decide.lua, per check
-
-
-def _lean_verdict(res: list[Any], checks: Sequence[Check]) -> Verdict:
-    """Outcomes from lua/decide_fixed_window.lua's compact reply: {admitted, now, per check
-    used * 4 + ok * 2 + charged}. Remaining and reset follow from the check and `now` exactly as
-    fixed_window.lua computes them for a plain window (limit, no overdraft)."""
-    now = int(res[1])
-    outcomes = []
-    for check, code in zip(checks, res[2:], strict=True):
-        code = int(code)
-        used, ok, charged = code >> 2, bool(code & 2), bool(code & 1)
-        cap = check.limit.requests_per_unit
-        window = check.limit.window_ms
-        if charged:
-            if check.flags & NEGATIVE:
-                remaining = max(0, cap - max(0, used - check.hits))
-            else:
-                remaining = max(0, cap - used - check.hits)
-        elif ok:
-            remaining = max(0, cap - used)
-        else:
-            remaining = 0
-        outcomes.append(Outcome(ok, charged, remaining, window - now % window, used))
-    return Verdict(bool(res[0]), outcomes)
 
 
 def _queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
@@ -350,7 +315,7 @@ class RedisBackend:
                 lean = False
                 break
         if lean:
-            pack = _LEAN_CHECK.pack
+            pack = LEAN_CHECK.pack
             packed = b"".join(
                 [pack(c.flags, c.hits, c.limit.requests_per_unit, c.limit.window_ms)
                  for c in checks]
@@ -358,7 +323,7 @@ class RedisBackend:
             return self._lean, keys, [now, mode, packed]
         mask = 0
         bits = self._bits
-        pack = _CHECK.pack
+        pack = CHECK.pack
         general = []
         for c in checks:
             lim = c.limit

@@ -19,17 +19,24 @@ versions side by side during a rolling upgrade never replace each other's code.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import struct
+from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from rls.engine.algorithms.base import GRACE_MS
 from rls.engine.algorithms.registry import BY_NAME, REGISTRY
-from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW
+from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome, Verdict
 
 LEAN_FILE = "decide_fixed_window.lua"
 DECIDE_FILE = "decide.lua"
 LIBRARY_ORDER = ("values", "bucket_lib", "log_lib")  # a library may call the ones before it
+
+# Per-check parameters, packed as little-endian doubles (exact for integers below 2^53).
+LEAN_CHECK = struct.Struct("<dddd")  # lean script: flags, hits, limit, window ms
+CHECK = struct.Struct("<dddddddddd")  # decide.lua: id, flags, hits, limit, window, burst,
+#   overdraft, calendar window start, end, previous start
 
 # Every Lua file a script can be built from (the wheel and the image must ship them all).
 ALGORITHM_FILES: tuple[str, ...] = (
@@ -78,3 +85,35 @@ def decide_script(names: Iterable[str] | None = None) -> str:
     if unknown:
         raise ValueError(f"unknown algorithms: {sorted(unknown)}")
     return _decide_script(chosen)
+
+
+def verdict(res: list[Any]) -> Verdict:
+    outcomes = [
+        Outcome(bool(res[o]), bool(res[o + 1]), int(res[o + 2]), int(res[o + 3]), int(res[o + 4]))
+        for o in range(1, len(res), 5)
+    ]
+    return Verdict(bool(res[0]), outcomes)
+
+
+def lean_verdict(res: list[Any], checks: Sequence[Check]) -> Verdict:
+    """Outcomes from lua/decide_fixed_window.lua's compact reply: {admitted, now, per check
+    used * 4 + ok * 2 + charged}. Remaining and reset follow from the check and `now` exactly as
+    fixed_window.lua computes them for a plain window (limit, no overdraft)."""
+    now = int(res[1])
+    outcomes = []
+    for check, code in zip(checks, res[2:], strict=True):
+        code = int(code)
+        used, ok, charged = code >> 2, bool(code & 2), bool(code & 1)
+        cap = check.limit.requests_per_unit
+        window = check.limit.window_ms
+        if charged:
+            if check.flags & NEGATIVE:
+                remaining = max(0, cap - max(0, used - check.hits))
+            else:
+                remaining = max(0, cap - used - check.hits)
+        elif ok:
+            remaining = max(0, cap - used)
+        else:
+            remaining = 0
+        outcomes.append(Outcome(ok, charged, remaining, window - now % window, used))
+    return Verdict(bool(res[0]), outcomes)
