@@ -227,3 +227,23 @@ async def test_load_scripts_loads_the_lean_and_the_named_algorithms_scripts(back
         sha(decide_script(["token_bucket"])),
     )
     assert loaded == [True, True, True, False]
+
+
+@pytest.mark.parametrize("algorithm", ["sliding_log", "concurrency"])
+async def test_log_key_outlives_its_newest_entry_across_windows(backend, server, algorithm):
+    """On Redis's own clock (no injected time), for 2.5 s of 1-second windows: after every
+    charge the key expires no sooner than its newest entry + window + GRACE_MS, though PEXPIRE
+    is only sent when an entry lands in a new aligned window."""
+    lim = limit(algorithm, 1_000_000, Unit.SECOND)
+    client = server.client()
+    key = f"exp:{algorithm}"
+    client.config_resetstat()
+    started = time.monotonic()
+    decisions = 0
+    while time.monotonic() - started < 2.5:
+        assert (await backend.decide([Check(0, lim, key, 1)])).admitted
+        decisions += 1
+        ((_, newest),) = client.zrange(key, -1, -1, withscores=True)
+        assert client.pexpiretime(key) >= newest + 1000 + 1000
+    pexpires = client.info("commandstats")["cmdstat_pexpire"]["calls"]
+    assert 2 <= pexpires <= 4 < decisions  # once per aligned second, not once per charge

@@ -25,6 +25,7 @@ from rls.engine.algorithms.sliding_window import SlidingWindow
 class AlgorithmSpec:
     name: str
     id: int  # dispatch number in the Redis script parameters; never reuse one
+    key_tag: str  # letter in the counter key's limit ident (config.model.Limit.ident)
     memory: Algorithm
     lua_libs: tuple[str, ...] = ()  # lua/<lib>.lua files the algorithm's Lua calls into
     burst: bool = False  # accepts `burst:`
@@ -35,13 +36,13 @@ class AlgorithmSpec:
 
 
 REGISTRY: tuple[AlgorithmSpec, ...] = (
-    AlgorithmSpec("fixed_window", 1, FixedWindow(), ("values",)),
-    AlgorithmSpec("sliding_window", 2, SlidingWindow(), ("values",)),
-    AlgorithmSpec("sliding_log", 3, SlidingLog(), ("log_lib",)),
-    AlgorithmSpec("token_bucket", 4, TokenBucket(), ("values", "bucket_lib"), burst=True),
-    AlgorithmSpec("leaky_bucket", 5, LeakyBucket(), ("values", "bucket_lib"), burst=True),
-    AlgorithmSpec("gcra", 6, Gcra(), ("values",), burst=True),
-    AlgorithmSpec("concurrency", 7, Concurrency(), ("log_lib",)),
+    AlgorithmSpec("fixed_window", 1, "f", FixedWindow(), ("values",)),
+    AlgorithmSpec("sliding_window", 2, "s", SlidingWindow(), ("values",)),
+    AlgorithmSpec("sliding_log", 3, "l", SlidingLog(), ("log_lib",)),
+    AlgorithmSpec("token_bucket", 4, "t", TokenBucket(), ("values", "bucket_lib"), burst=True),
+    AlgorithmSpec("leaky_bucket", 5, "k", LeakyBucket(), ("values", "bucket_lib"), burst=True),
+    AlgorithmSpec("gcra", 6, "g", Gcra(), ("values",), burst=True),
+    AlgorithmSpec("concurrency", 7, "c", Concurrency(), ("log_lib",)),
 )
 
 BY_NAME: dict[str, AlgorithmSpec] = {spec.name: spec for spec in REGISTRY}
@@ -49,3 +50,4 @@ ALGORITHM_NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY)
 ALGORITHM_IDS: dict[str, int] = {spec.name: spec.id for spec in REGISTRY}
 ALGORITHMS: dict[str, Algorithm] = {spec.name: spec.memory for spec in REGISTRY}
 BURST_ALGORITHMS: tuple[str, ...] = tuple(spec.name for spec in REGISTRY if spec.burst)
+KEY_TAGS: dict[str, str] = {spec.name: spec.key_tag for spec in REGISTRY}
