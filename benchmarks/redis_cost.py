@@ -1,34 +1,36 @@
-"""Redis cost per decision and per counter: every rls algorithm next to envoyproxy/ratelimit.
+"""Redis cost per decision: every rls algorithm next to envoyproxy/ratelimit, with targets.
 
-Commands (INFO commandstats diff around N decisions, after CONFIG RESETSTAT):
-- `sent`: commands the client sent per decision (for rls: EVALSHA calls = round trips);
-- `inside`: commands run by the Lua script per decision (everything else commandstats counts),
-  with the breakdown by command;
-- `redis µs`: time Redis spent executing the sent commands per decision (commandstats usec; a
-  script's time includes the commands it runs) — the store's CPU cost, noisy on a busy machine.
-Decisions go through the real engine (`RateLimiter` + `RedisBackend`), for a 1-descriptor and
-the 3-descriptor request (user+path, api+user, remote_address), in the steady state (100 users
-cycling, so keys exist), allowed (limit never reached) and over limit (1 per hour; rls answers
-keys it knows to be over from its local cache, without Redis).
+Targets (issue 12 item 6), measured on one private redis-server, sequential calls, 1 and 3
+descriptors (user+path, api+user, remote_address), steady state (100 users cycling, keys exist,
+limit never reached):
+- script time per decision (INFO commandstats usec of EVALSHA/FCALL over the decisions):
+  <= 10 µs for a 1-descriptor fixed window;
+- whole-server CPU per decision (INFO cpu used_cpu_sys + used_cpu_user: parsing, replies,
+  syscalls and all) <= 1.5x envoyproxy/ratelimit's scheme on the same Redis: per descriptor
+  `INCRBY key hits` + `EXPIRE key unit`, one pipeline per request, through the same asyncio
+  redis-py client rls uses;
+- sliding_log's whole-server CPU <= 2x a plain sorted-set log (per descriptor
+  ZREMRANGEBYSCORE + ZCARD + ZADD in one pipeline).
+Rounds alternate rls and the references so that load from other processes hits both alike:
+CPU ratios are the median of per-round ratios; script µs is the best round (Redis counts a
+script's wall time, so a script preempted by another process mid-call counts the wait), with
+the median beside it. Every rls decision must be decided by Redis (no
+failure-mode answer, else the run stops).
 
-envoyproxy/ratelimit's scheme, emulated: per descriptor `INCRBY key hits` + `EXPIRE key unit`,
-all descriptors of a request in one pipeline, key `domain_k1_v1_..._kn_vn_<window start>`.
+Also printed: commands per decision (sent / run inside the script) for allowed and over-limit
+requests (over limit: rls answers keys it knows to be over from its local cache); bytes per
+counter (`MEMORY USAGE key SAMPLES 0` after 1 and 100 hits); and Redis µs per decision of the
+log-based algorithms with 10 … 5,000 entries already in the log (filled with ZADD), which
+shows that a check no longer grows with the log.
 
-Log scaling: sliding_log and concurrency keep one sorted-set entry per hit (or lease) in the
-window; the third table is the Redis time per decision with 10 … 5,000 entries already in the
-log (filled with ZADD), which shows how the script's cost grows with the log.
-
-Bytes per counter: `MEMORY USAGE key SAMPLES 0` of the counter of descriptor
-(user=alice, path=/items?page=1) after 1 hit and after 100 hits in the window (only the logs,
-sliding_log and concurrency, grow with hits).
-
-    python benchmarks/redis_cost.py [--quick] [--decisions 1000]
+    python benchmarks/redis_cost.py [--quick] [--decisions 200] [--rounds 7] [--no-pin]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -38,7 +40,7 @@ ALGORITHMS = ("fixed_window", "sliding_window", "sliding_log", "token_bucket", "
               "gcra", "concurrency")
 DOMAIN = "gateway"
 ONE = DESCRIPTORS[:1]
-CLIENT_COMMANDS = {"evalsha", "eval", "evalsha_ro", "eval_ro"}
+CLIENT_COMMANDS = {"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"}
 IGNORED = ("info", "config", "ping", "script", "client", "hello", "memory", "flushall", "select",
            "command")
 
@@ -195,6 +197,7 @@ async def log_scaling(url: str, client: Any, algorithm: str, sizes: tuple[int, .
         for seq in range(10**6, 10**6 + size):
             pipe.zadd(key, {f"{seq}:1": now_ms})
         pipe.execute()
+        await limiter.should_rate_limit(DOMAIN, req)  # a log in an earlier form is rewritten once
         client.config_resetstat()
         for _ in range(n):
             await limiter.should_rate_limit(DOMAIN, req)
@@ -246,18 +249,163 @@ def reference_costs(client: Any, n: int) -> list[dict[str, Any]]:
                     "bytes_100_hits": hundred}]
 
 
+
+SCRIPT_TARGET_US = 10.0  # fixed window, 1 descriptor
+CPU_TARGET = 1.5  # x INCRBY+EXPIRE, 1 and 3 descriptors
+LOG_TARGET = 2.0  # sliding_log x the ZREMRANGEBYSCORE + ZCARD + ZADD log
+
+
+def server_cpu_s(client: Any) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+async def timed_block(client: Any, n: int, one: Any) -> tuple[float, float]:
+    """(server CPU µs, script µs) per call of `one(i)` over n calls."""
+    client.config_resetstat()
+    before = server_cpu_s(client)
+    for i in range(n):
+        await one(i)
+    cpu = (server_cpu_s(client) - before) * 1e6 / n
+    usec = sum(u for k, (_, u) in commandstats(client).items() if k in CLIENT_COMMANDS)
+    return cpu, usec / n
+
+
+async def target_costs(url: str, client: Any, n: int, rounds: int) -> list[dict[str, Any]]:
+    """Script µs and whole-server CPU per decision for every algorithm, beside the references
+    measured in the same rounds."""
+    import redis.asyncio as aioredis
+
+    from rls.backends.redis import RedisBackend
+    from rls.config.loader import load_files
+    from rls.engine.limiter import DescriptorIn, RateLimiter
+    from rls.metrics import Metrics
+    from rls.settings import Settings
+
+    plain = aioredis.Redis.from_url(url)
+    rows = []
+    users = [f"user{i}" for i in range(100)]
+    for algorithm in ALGORITHMS:
+        config = load_files([("c.yaml", config_text(DOMAIN, algorithm, HIGH, "minute"))])
+        backend = RedisBackend(url, timeout_ms=5000)
+        await backend.start()
+        metrics = Metrics()
+        limiter = RateLimiter(lambda c=config: c, backend, Settings(backend_timeout_ms=5000),
+                              metrics)
+        for label, descs in (("1 descriptor", ONE), ("3 descriptors", DESCRIPTORS)):
+            client.flushall()
+
+            def request(u: str, descs: tuple = descs) -> list[DescriptorIn]:
+                return [DescriptorIn(tuple((k, u if k == "user" else v) for k, v in e))
+                        for e in descs]
+
+            async def rls_one(i: int, limiter: Any = limiter, algorithm: str = algorithm) -> None:
+                d = await limiter.should_rate_limit(DOMAIN, request(users[i % len(users)]))
+                if d.overall != 1:
+                    raise RuntimeError(f"{algorithm}: a decision was not OK ({d.overall})")
+
+            async def ref_one(i: int, descs: tuple = descs) -> None:
+                u = users[i % len(users)]
+                start = int(time.time()) // 60 * 60
+                pipe = plain.pipeline(transaction=False)
+                for e in descs:
+                    key = reference_key(tuple((k, u if k == "user" else v) for k, v in e), start)
+                    pipe.incrby(key, 1)
+                    pipe.expire(key, 60)
+                await pipe.execute()
+
+            async def log_one(i: int, descs: tuple = descs) -> None:
+                u = users[i % len(users)]
+                now_ms = int(time.time() * 1000)
+                pipe = plain.pipeline(transaction=False)
+                for e in descs:
+                    key = "zlog_" + reference_key(tuple((k, u if k == "user" else v)
+                                                        for k, v in e), 0)
+                    pipe.zremrangebyscore(key, "-inf", now_ms - 60_000)
+                    pipe.zcard(key)
+                    pipe.zadd(key, {f"{now_ms}:{i}": now_ms})
+                await pipe.execute()
+
+            for i in range(2 * len(users)):  # steady state: every key exists
+                await rls_one(i)
+                await ref_one(i)
+                await log_one(i)
+            got: dict[str, list[float]] = {"cpu": [], "script": [], "ref": [], "log": []}
+            for _ in range(rounds):
+                cpu, script = await timed_block(client, n, rls_one)
+                got["cpu"].append(cpu)
+                got["script"].append(script)
+                got["ref"].append((await timed_block(client, n, ref_one))[0])
+                if algorithm in ("sliding_log", "concurrency"):
+                    got["log"].append((await timed_block(client, n, log_one))[0])
+            failed = sum(s.value for m in metrics.registry.collect() for s in m.samples
+                         if s.name == "rls_backend_errors_total")
+            if failed:
+                raise RuntimeError(f"{algorithm}: {failed:.0f} decisions by the failure mode")
+            # Script µs: the least-disturbed round (a script preempted mid-call counts its wait);
+            # CPU ratios: the median of per-round ratios, each rls block beside its reference.
+            row = {"algorithm": algorithm, "request": label,
+                   "script_us": round(min(got["script"]), 1),
+                   "script_us_median": round(median(got["script"]), 1),
+                   "cpu_us": round(median(got["cpu"]), 1),
+                   "ref_cpu_us": round(median(got["ref"]), 1),
+                   "cpu_x_ref": round(median([a / b for a, b in zip(got["cpu"], got["ref"],
+                                                                    strict=True)]), 2)}
+            if got["log"]:
+                row["log_cpu_us"] = round(median(got["log"]), 1)
+                row["cpu_x_log"] = round(median([a / b for a, b in zip(got["cpu"], got["log"],
+                                                                       strict=True)]), 2)
+            rows.append(row)
+        await backend.close()
+    await plain.aclose()
+    return rows
+
+
+def verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, float, float, bool]]:
+    """(target, measured, bound, met) for every target."""
+    by = {(r["algorithm"], r["request"]): r for r in rows}
+    out = []
+    fw1 = by[("fixed_window", "1 descriptor")]
+    out.append(("script µs/decision, fixed_window, 1 descriptor", fw1["script_us"],
+                SCRIPT_TARGET_US, fw1["script_us"] <= SCRIPT_TARGET_US))
+    for label in ("1 descriptor", "3 descriptors"):
+        r = by[("fixed_window", label)]
+        out.append((f"server CPU x INCRBY+EXPIRE, fixed_window, {label}", r["cpu_x_ref"],
+                    CPU_TARGET, r["cpu_x_ref"] <= CPU_TARGET))
+    for label in ("1 descriptor", "3 descriptors"):
+        r = by[("sliding_log", label)]
+        out.append((f"server CPU x ZCARD log, sliding_log, {label}", r["cpu_x_log"],
+                    LOG_TARGET, r["cpu_x_log"] <= LOG_TARGET))
+    return out
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a few seconds: smoke test")
-    parser.add_argument("--decisions", type=int, default=1000, help="decisions per measurement")
+    parser.add_argument("--decisions", type=int, default=200, help="decisions per measurement")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per target figure")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="do not pin redis-server and this process to separate cores")
     args = parser.parse_args()
     if args.quick:
-        args.decisions = 200
+        args.decisions, args.rounds = 150, 5
 
     d = workdir("redis-cost")
     redis = start_redis(d)
     client = redis.client()
+    pinned = not args.no_pin and len(os.sched_getaffinity(0)) >= 2
+    if pinned:
+        # Redis on a core of its own, the benchmark's client on another: otherwise the client
+        # preempts Redis mid-script, and commandstats counts that wait as script time.
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(redis.pid, {cores[-1]})
+        os.sched_setaffinity(0, {cores[0]})
 
     async def collect() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         costs, sizes = [], []
@@ -275,12 +423,30 @@ def main() -> None:
                                      else 50)
         return out
 
+    targets = asyncio.run(target_costs(redis.url, client, args.decisions, args.rounds))
     costs, sizes = asyncio.run(collect())
     scaling = asyncio.run(logs())
     ref = reference_costs(client, args.decisions)
     costs += [r for r in ref if "case" in r]
     sizes += [r for r in ref if "key" in r]
 
+    print()
+    t0 = table(["algorithm", "request", "script µs best", "median", "server CPU µs",
+                "INCRBY+EXPIRE CPU µs", "x INCRBY+EXPIRE", "ZCARD log CPU µs", "x ZCARD log"],
+               [[r["algorithm"], r["request"], r["script_us"], r["script_us_median"],
+                 r["cpu_us"], r["ref_cpu_us"], r["cpu_x_ref"], r.get("log_cpu_us"),
+                 r.get("cpu_x_log")] for r in targets],
+               f"Redis cost per decision ({args.rounds} rounds of {args.decisions} sequential "
+               "decisions; script µs = EVALSHA usec per decision, best round and median; "
+               "server CPU = INFO cpu, medians; x = median of per-round ratios; "
+               f"load average {os.getloadavg()[0]:.1f}; "
+               f"{'Redis and client pinned to separate cores' if pinned else 'not pinned'})")
+    checks = verdicts(targets)
+    lines = [f"{'PASS' if met else 'FAIL'}  {name}: {value:g} (target <= {bound:g})"
+             for name, value, bound, met in checks]
+    print("\n".join(lines))
+    t0 += "\n\n" + "\n".join(lines)
+    print()
     rows = [[c["scheme"], c["case"], c["request"], c["round_trips"], c["sent"], c["inside"],
              c["redis_us"], breakdown(c["inside_breakdown"]) or "-"] for c in costs]
     t1 = table(["scheme", "case", "request", "round trips", "sent", "inside scripts",
@@ -300,8 +466,11 @@ def main() -> None:
                [[k, v.get("sliding_log"), v.get("concurrency")] for k, v in by_size.items()],
                "Log-based algorithms: Redis µs per decision vs entries in the window "
                "(1 descriptor)")
-    write_results("redis_cost", {"params": vars(args), "commands": costs, "memory": sizes,
-                                 "log_scaling": scaling}, args.quick, [t1, t2, t3])
+    write_results("redis_cost", {"params": {**vars(args), "pinned": pinned}, "targets": targets,
+                                 "verdicts": [{"target": n, "measured": v, "bound": b, "met": m}
+                                              for n, v, b, m in checks],
+                                 "commands": costs, "memory": sizes, "log_scaling": scaling},
+                  args.quick, [t0, t1, t2, t3])
     redis.stop()
 
 

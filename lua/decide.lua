@@ -1,17 +1,17 @@
 -- Decide one whole request atomically: evaluate every check, apply the admission rule
 -- (mirror of rls/engine/admission.py), then charge the selected checks. One EVALSHA per request.
+-- rls/backends/scripts.py puts in front of this file the generated prelude (flag bits,
+-- GRACE_MS) and only the algorithms the request uses, each registered in ALGOS by its id.
 --
 -- KEYS[i]: counter key of check i.
 -- ARGV[1]: now in ms, or '' to use Redis TIME (one clock for all replicas).
 -- ARGV[2]: mode. 'd' decide and charge; 'e' evaluate only (no charge); 'a' / 'r' charge as if
 --   the request was admitted / rejected (Cluster: the admission was decided across slots).
--- ARGV[3]: the checks' parameters, 10 numbers per check, all joined by ',' (one argument: each
---   argument costs the client an encoding step): algorithm id, flags, hits, limit, window ms,
---   burst, overdraft, calendar window start, end, previous start (0 0 0 for epoch windows).
+-- ARGV[3]: the checks' parameters, 10 little-endian doubles per check (one argument: each
+--   argument costs the client an encoding step; struct.unpack costs no string patterns):
+--   algorithm id, flags, hits, limit, window ms, burst, overdraft, calendar window start, end,
+--   previous start (0 0 0 for epoch windows).
 -- Returns {admitted, then per check: ok, charged, remaining, reset ms, used}.
-local SHADOW, QUOTA, CHARGE_ALWAYS, NEGATIVE = 1, 2, 4, 8
-local STRIDE = 10
-
 local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
@@ -21,18 +21,19 @@ else
 end
 
 local mode = ARGV[2]
-local p = {}
-for field in string.gmatch(ARGV[3], '[^,]+') do p[#p + 1] = tonumber(field) end
+local params = ARGV[3]
+local unpack = struct.unpack
+local pos = 1
 local n = #KEYS
 local args, res = {}, {}
 local admitted, quota_seen, quota_room = true, false, false
 for i = 1, n do
-  local b = 1 + (i - 1) * STRIDE
+  local id, f, hits, cap, window, burst, overdraft, start, stop, prev
+  id, f, hits, cap, window, burst, overdraft, start, stop, prev, pos =
+    unpack('<dddddddddd', params, pos)
   local a = {
-    algo = ALGOS[p[b]], flags = p[b + 1], hits = p[b + 2],
-    cap = p[b + 3], window = p[b + 4],
-    burst = p[b + 5], overdraft = p[b + 6],
-    start = p[b + 7], stop = p[b + 8], prev = p[b + 9],
+    algo = ALGOS[id], flags = f, hits = hits, cap = cap, window = window,
+    burst = burst, overdraft = overdraft, start = start, stop = stop, prev = prev,
   }
   a.ok, a.rem_charged, a.rem_uncharged, a.reset, a.used = a.algo.evaluate(KEYS[i], now, a)
   args[i] = a

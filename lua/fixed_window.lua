@@ -28,7 +28,7 @@ local function fw_store(key, start, stop, usage, debt, now, a)
     'PX', stop + keep + GRACE_MS - now)
 end
 
-ALGOS[1] = {
+return {
   evaluate = function(key, now, a)
     local start, stop, usage, debt = fw_read(key, now, a)
     local top = a.cap

@@ -21,7 +21,7 @@ local function gcra_store(key, base, k, now, a)
     string.format('%d', math.max(1, base + span + GRACE_MS - now)))
 end
 
-ALGOS[6] = {
+return {
   evaluate = function(key, now, a)
     if a.cap <= 0 or a.burst <= 0 then
       a.st = {now, 0}

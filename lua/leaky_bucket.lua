@@ -8,7 +8,7 @@ local function lb_level(key, now, a)
   return math.max(0, level)
 end
 
-ALGOS[5] = {
+return {
   evaluate = function(key, now, a)
     if a.cap <= 0 then
       a.st = 0

@@ -19,7 +19,7 @@ local function sw_store(key, start, cur, prev, now, window)
     'PX', start + 2 * window + GRACE_MS - now)
 end
 
-ALGOS[2] = {
+return {
   evaluate = function(key, now, a)
     local window = a.window
     local start, cur, prev = sw_read(key, now, window)

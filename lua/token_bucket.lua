@@ -8,7 +8,7 @@ local function tb_tokens(key, now, a)
   return math.min(a.burst, tokens)
 end
 
-ALGOS[4] = {
+return {
   evaluate = function(key, now, a)
     if a.cap <= 0 then
       a.st = 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -43,19 +43,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rls.backends.base import BackendError, StoreDown
 from rls.backends.breaker import CircuitBreaker
 from rls.backends.pipelining import ScriptBatcher
-from rls.backends.scripts import decide_script
+from rls.backends.scripts import CHECK, LEAN_CHECK, decide_script, lean_script
+from rls.backends.scripts import lean_verdict as _lean_verdict
+from rls.backends.scripts import verdict as _verdict
 from rls.engine.admission import admit
-from rls.engine.algorithms import ALGORITHM_IDS
+from rls.engine.algorithms import ALGORITHM_IDS, REGISTRY
 from rls.engine.model import Check, Outcome, Verdict
 from rls.engine.usage import UsageOp
-
-
-def _verdict(res: list[Any]) -> Verdict:
-    outcomes = [
-        Outcome(bool(res[o]), bool(res[o + 1]), int(res[o + 2]), int(res[o + 3]), int(res[o + 4]))
-        for o in range(1, len(res), 5)
-    ]
-    return Verdict(bool(res[0]), outcomes)
 
 
 def _queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
@@ -203,11 +197,13 @@ class RedisBackend:
         socket_timeout = max(timeout_ms / 1000, 1.0)
         self.client: Any = connect(url, socket_timeout, connect_timeout_ms / 1000, pool_size)
         self.cluster = isinstance(self.client, RedisCluster)
-        self._script = self.client.register_script(decide_script())
+        # The lean fixed-window script, and one script per mix of algorithms built on first use
+        # (at most 2^len(REGISTRY), keyed by a bit per algorithm): rls/backends/scripts.py.
+        self._lean = self.client.register_script(lean_script())
+        self._mixes: dict[int, Any] = {}
+        self._bits = {spec.name: 1 << spec.id for spec in REGISTRY}
         self._call = (
-            ScriptBatcher(self.client, self._script)
-            if auto_pipeline and not self.cluster
-            else self._direct
+            ScriptBatcher(self.client) if auto_pipeline and not self.cluster else self._direct
         )
         self.pool_size = pool_size
         self.breaker = breaker or CircuitBreaker("redis")
@@ -218,8 +214,8 @@ class RedisBackend:
         self._probe_thread = ThreadPoolExecutor(1, thread_name_prefix="rls-store-probe")
         self.breaker.set_probe(self.probe)
 
-    async def _direct(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._script(keys=keys, args=args)
+    async def _direct(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await script(keys=keys, args=args)  # redis-py reloads it on NOSCRIPT
 
     async def probe(self) -> bool:
         """PING on the probe connection (in its thread); False on any error or timeout."""
@@ -247,8 +243,8 @@ class RedisBackend:
         """
         try:
             await self.client.ping()
-            await self.client.script_load(self._script.script)
-            await self._script(keys=[], args=["", "e", ""])  # EVALSHA allowed (ACL)?
+            await self.load_scripts(spec.name for spec in REGISTRY)
+            await self._lean(keys=[], args=["", "e", ""])  # EVALSHA allowed (ACL)?
             warm = min(self.pool_size, 8)
             await asyncio.gather(*(self.client.ping() for _ in range(warm)))
         except (RedisError, OSError) as exc:
@@ -339,9 +335,9 @@ class RedisBackend:
         On NOSCRIPT (Redis restarted or flushed) the usage commands have already run, so only
         the script is sent again — usage is never counted twice.
         """
-        keys, args = self._script_args(checks, now_ms, "d")
+        script, keys, args = self._script_args(checks, now_ms, "d")
         pipe = self.client.pipeline(transaction=False)
-        pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
         _queue_usage(pipe, ops, ttl_ms)
         results = await pipe.execute(raise_on_error=False)
         for extra in results[1:]:
@@ -349,10 +345,10 @@ class RedisBackend:
                 raise extra
         res = results[0]
         if isinstance(res, NoScriptError):
-            res = await self._script(keys=keys, args=args)  # loads the script, then EVALSHA
+            res = await script(keys=keys, args=args)  # loads the script, then EVALSHA
         elif isinstance(res, Exception):
             raise res
-        return _verdict(res)
+        return _lean_verdict(res, checks) if script is self._lean else _verdict(res)
 
     async def peek(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
         """Evaluate without charging (counter queries); one call per slot in Cluster mode."""
@@ -371,24 +367,66 @@ class RedisBackend:
         except (RedisError, OSError) as exc:
             raise BackendError(f"redis: {exc}") from exc
 
+    async def load_scripts(self, algorithms: Iterable[str] = ()) -> None:
+        """SCRIPT LOAD the lean script and the single-algorithm script of each named algorithm,
+        so that a process can say it is ready before its first call. (Any other mix loads on
+        first use: EVALSHA answers NOSCRIPT once and redis-py loads it.)"""
+        scripts = [self._lean, *(self._mix(self._bits[name]) for name in algorithms)]
+        for script in scripts:
+            await self.client.script_load(script.script)
+
+    def _mix(self, mask: int) -> Any:
+        """The script for the algorithms whose bits are set in `mask`, registered once."""
+        script = self._mixes.get(mask)
+        if script is None:
+            names = [spec.name for spec in REGISTRY if mask & (1 << spec.id)]
+            script = self._mixes[mask] = self.client.register_script(decide_script(names))
+        return script
+
     def _script_args(
         self, checks: Sequence[Check], now_ms: int | None, mode: str
-    ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV for lua/decide.lua; all checks' numbers travel in one argument."""
-        params = []
+    ) -> tuple[Any, list[str], list[Any]]:
+        """The script for this request's algorithms, its KEYS and its ARGV.
+
+        All checks' numbers travel in one argument (each argument costs the client an encoding
+        step). Plain fixed windows take the lean script (flags, hits, limit, window per check,
+        packed as doubles: exact for integers below 2^53); anything else lua/decide.lua with the
+        algorithms present (10 doubles per check).
+        """
+        now = "" if now_ms is None else str(now_ms)
+        keys = [c.key for c in checks]
+        lean = True
         for c in checks:
             lim = c.limit
-            bounds = c.bounds
-            params.append(
-                f"{ALGORITHM_IDS[lim.algorithm]},{c.flags},{c.hits},{lim.script_params},"
-                + (f"{bounds[0]},{bounds[1]},{bounds[2]}" if bounds else "0,0,0")
+            if lim.algorithm != "fixed_window" or lim.overdraft or c.bounds is not None:
+                lean = False
+                break
+        if lean:
+            pack = LEAN_CHECK.pack
+            packed = b"".join(
+                [pack(c.flags, c.hits, c.limit.requests_per_unit, c.limit.window_ms)
+                 for c in checks]
             )
-        now = "" if now_ms is None else str(now_ms)
-        return [c.key for c in checks], [now, mode, ",".join(params)]
+            return self._lean, keys, [now, mode, packed]
+        mask = 0
+        bits = self._bits
+        pack = CHECK.pack
+        general = []
+        for c in checks:
+            lim = c.limit
+            mask |= bits[lim.algorithm]
+            start, stop, prev = c.bounds or (0, 0, 0)
+            burst = lim.burst if lim.burst is not None else lim.requests_per_unit
+            general.append(
+                pack(ALGORITHM_IDS[lim.algorithm], c.flags, c.hits, lim.requests_per_unit,
+                     lim.window_ms, burst, lim.overdraft, start, stop, prev)
+            )
+        return self._mix(mask), keys, [now, mode, b"".join(general)]
 
     async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
-        keys, args = self._script_args(checks, now_ms, mode)
-        return _verdict(await self._call(keys, args))
+        script, keys, args = self._script_args(checks, now_ms, mode)
+        res = await self._call(script, keys, args)
+        return _lean_verdict(res, checks) if script is self._lean else _verdict(res)
 
     async def _decide_cluster(self, checks: Sequence[Check], now_ms: int | None) -> Verdict:
         groups: dict[int, list[int]] = {}

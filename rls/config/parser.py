@@ -13,7 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rls.config.errors import ConfigError
-from rls.config.model import ALGORITHMS, MAX_WINDOW_SECONDS, UNIT_SECONDS, Level, Limit, Node, Unit
+from rls.config.model import MAX_WINDOW_SECONDS, UNIT_SECONDS, Level, Limit, Node, Unit
 from rls.config.yaml_source import (
     YamlBool,
     as_bool,
@@ -22,6 +22,7 @@ from rls.config.yaml_source import (
     as_uint,
     render,
 )
+from rls.engine.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 
 REFERENCE_KEYS = frozenset(
     {

@@ -8,9 +8,10 @@ same order on both sides (Lua numbers are IEEE doubles, like Python floats).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rls.engine.model import Check
+if TYPE_CHECKING:  # only for hints: the config parser imports this package
+    from rls.engine.model import Check
 
 # (ok, remaining if charged, remaining if not, reset ms, used before this request)
 Evaluation = tuple[bool, int, int, int, int]

@@ -11,8 +11,12 @@ limit is owed by the next window, which then allows limit - debt and no borrowin
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rls.engine.algorithms.base import GRACE_MS, Evaluation
-from rls.engine.model import Check
+
+if TYPE_CHECKING:  # only for hints: the config parser imports this package
+    from rls.engine.model import Check
 
 State = tuple[int, int, int] | None  # (window start ms, usage incl. debt, debt at start)
 

@@ -10,8 +10,12 @@ Both keep timestamped entries of (time, hits) and count those younger than the w
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rls.engine.algorithms.base import GRACE_MS, Evaluation
-from rls.engine.model import Check
+
+if TYPE_CHECKING:  # only for hints: the config parser imports this package
+    from rls.engine.model import Check
 
 Entry = tuple[int, int, int]  # (time ms, sequence, hits)
 Log = tuple[Entry, ...] | None

@@ -8,9 +8,12 @@ O(1) memory per key. State: (window start ms, current count, previous count).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from rls.engine.algorithms.base import GRACE_MS, Evaluation
-from rls.engine.model import Check
+
+if TYPE_CHECKING:  # only for hints: the config parser imports this package
+    from rls.engine.model import Check
 
 State = tuple[int, int, int] | None
 

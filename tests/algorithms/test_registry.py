@@ -1,0 +1,50 @@
+"""The algorithm registry is the one list: everything that names algorithms agrees with it."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from rls.backends.scripts import ALGORITHM_FILES, decide_script
+from rls.config import model as config_model
+from rls.config.errors import ConfigError
+from rls.config.loader import load_files
+from rls.engine.algorithms import ALGORITHMS, REGISTRY
+from rls.engine.algorithms.registry import ALGORITHM_NAMES, BURST_ALGORITHMS, KEY_TAGS
+
+
+def test_ids_tags_and_names_are_unique():
+    assert len({s.id for s in REGISTRY}) == len({s.key_tag for s in REGISTRY}) == len(REGISTRY)
+    assert len(set(ALGORITHM_NAMES)) == len(REGISTRY)
+
+
+def test_every_algorithm_has_its_lua_file_and_a_memory_implementation():
+    lua = resources.files("rls") / "lua"
+    for spec in REGISTRY:
+        assert (lua / spec.lua).is_file(), spec.lua
+        assert spec.lua in ALGORITHM_FILES
+        assert ALGORITHMS[spec.name] is spec.memory
+        assert f"ALGOS[{spec.id}] = (function()" in decide_script([spec.name])
+
+
+def test_config_lists_agree_with_the_registry():
+    # config.model still keeps its own copies (names, key tags); they must not drift.
+    assert tuple(config_model.ALGORITHMS) == ALGORITHM_NAMES
+    assert config_model._ALGO_TAG == KEY_TAGS
+    assert set(BURST_ALGORITHMS) == {"token_bucket", "leaky_bucket", "gcra"}
+
+
+def _config(algorithm: str) -> str:
+    rate_limit = f"{{unit: minute, requests_per_unit: 1, algorithm: {algorithm}}}"
+    return f"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n"
+
+
+def test_parser_accepts_exactly_the_registered_algorithms():
+    for name in ALGORITHM_NAMES:
+        load_files([("c.yaml", _config(name))])
+    try:
+        load_files([("c.yaml", _config("nope"))])
+    except ConfigError as exc:
+        assert "unknown algorithm 'nope'" in str(exc)
+        assert ", ".join(ALGORITHM_NAMES) in str(exc)
+    else:
+        raise AssertionError("an unregistered algorithm was accepted")
