@@ -280,6 +280,7 @@ class Demo:
     workdir: Path
     children: list[Child] = field(default_factory=list)
     servers: list[ThreadingHTTPServer] = field(default_factory=list)
+    cache: bool = False  # --cache: Envoy's ext_proc response cache served by rls
 
     @property
     def admin_url(self) -> str:
@@ -299,16 +300,21 @@ class Demo:
 # --------------------------------------------------------------------------- main
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "rls demo") -> argparse.ArgumentParser:
     root = _repo_root()
     p = argparse.ArgumentParser(
-        prog="rls demo",
+        prog=prog,
         description="Run a backend, rls (memory backend) and Envoy on this machine.",
     )
     p.add_argument("--config", default=str(root / "config"),
                    help="directory with descriptor YAML (default: %(default)s)")
-    p.add_argument("--envoy-config", default=str(root / "envoy" / "gateway.yaml"),
-                   help="Envoy config (default: %(default)s)")
+    p.add_argument("--envoy-config", default=None,
+                   help="Envoy config (default: envoy/gateway.yaml, with --cache "
+                   "envoy/gateway-cache.yaml)")
+    p.add_argument("--cache", action="store_true",
+                   help="response cache mode: Envoy on envoy/gateway-cache.yaml (ext_proc), rls "
+                   "with --cache-config CONFIG/cache.yaml (memory store); ports rewritten "
+                   "like the others")
     p.add_argument("--envoy", help="Envoy binary (default: next to python, then PATH)")
     p.add_argument("--listener-port", type=int, default=LISTENER_PORT)
     p.add_argument("--envoy-admin-port", type=int, default=ENVOY_ADMIN_PORT)
@@ -348,7 +354,11 @@ def _ports(args: argparse.Namespace, n_backends: int) -> dict[str, Any]:
 def start(args: argparse.Namespace) -> Demo:
     envoy = find_envoy(args.envoy)
     files = descriptor_files(Path(args.config))
-    envoy_path = Path(args.envoy_config)
+    cache_rules = Path(args.config) / "cache.yaml"
+    if args.cache and not cache_rules.is_file():
+        raise DemoError(f"--cache: no cache rules file {cache_rules}")
+    envoy_path = Path(args.envoy_config or _repo_root() / "envoy" / (
+        "gateway-cache.yaml" if args.cache else "gateway.yaml"))
     try:
         config = yaml.safe_load(envoy_path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -373,9 +383,14 @@ def start(args: argparse.Namespace) -> Demo:
                "--grpc-addr", f"127.0.0.1:{demo.grpc}", "--http-addr", f"127.0.0.1:{demo.http}"]
         for path in files:
             cmd += ["--config", str(path)]
+        if args.cache:
+            # The demo's store is this process's memory whatever the rules file says.
+            cmd += ["--cache-config", str(cache_rules), "--cache-store", "memory://"]
+            demo.cache = True
         rls = spawn("rls", cmd, workdir, env)
         demo.children.append(rls)
-        print(f"rls: {' '.join(p.name for p in files)} (memory backend)", flush=True)
+        print(f"rls: {' '.join(p.name for p in files)} (memory backend"
+              f"{', response cache ' + cache_rules.name if args.cache else ''})", flush=True)
         wait_for("rls /healthcheck",
                  lambda: request(demo.http, "GET", "/healthcheck").status == 200,
                  args.timeout, rls.alive, rls.log)
@@ -485,6 +500,13 @@ def smoke(demo: Demo) -> list[str]:
         conn.close()
     used = [limit["used"] for limit in answer["results"][0]["limits"]]
     check(used == [5000], f"rls charged the body size: used {used} (admin /counters)")
+    if demo.cache:
+        page = f"/items?page=smoke-{time.time_ns()}"
+        first = request(demo.listener, "GET", page, bob)
+        second = request(demo.listener, "GET", page, bob)
+        check(first.status == 200 and second.headers.get("x-cache") == "HIT",
+              f"cache: a repeated GET {page.split('?')[0]} is answered from rls's cache "
+              f"(x-cache {first.headers.get('x-cache')} then {second.headers.get('x-cache')})")
     metrics = request(demo.http, "GET", "/metrics").body.decode()
     over = [line for line in metrics.splitlines() if line.startswith("rls_requests_total{")
             and 'code="OVER_LIMIT"' in line and 'domain="gateway"' in line]
@@ -493,8 +515,8 @@ def smoke(demo: Demo) -> list[str]:
     return failures
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "rls demo") -> int:
+    args = _parser(prog).parse_args(argv)
     demo: Demo | None = None
 
     def on_sigterm(signum: int, frame: Any) -> None:
