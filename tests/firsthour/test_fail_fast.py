@@ -15,9 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from conftest import free_port, http_get, wait_until
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .helpers import ROOT, rls
 
