@@ -360,7 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(f"rls: {problem}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level, settings.log_format)
+    setup_logging(
+        settings.log_level, settings.log_format, "supervisor" if settings.workers > 1 else None
+    )
     if settings.workers > 1:
         if not settings.redis_url:
             print(

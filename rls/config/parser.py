@@ -277,6 +277,8 @@ class DomainParser:
                     )
                 )
         self._check_limit_set(limits, path)
+        if len(limits) > 1:
+            distinct_metric_keys(limits, path)
         node.limits = tuple(limits)
         child_items = raw.get("descriptors")
         if child_items:
@@ -394,6 +396,22 @@ class DomainParser:
 
 
 BURST_ALGORITHMS = ("token_bucket", "leaky_bucket", "gcra")
+
+
+def distinct_metric_keys(limits: list[Limit], path: str) -> None:
+    """Several limits on one node (`rate_limits:`) must not share one metric series: each gets
+    `path.<name>`, or `path.<N><unit>[_<algorithm>]` (`d.user.1second`, `d.user.1day`)."""
+    seen: set[str] = set()
+    for lim in limits:
+        suffix = lim.name or f"{lim.unit_multiplier}{lim.unit.name.lower()}"
+        if not lim.name and lim.algorithm != "fixed_window":
+            suffix += f"_{lim.algorithm}"
+        if lim.calendar and not lim.name:
+            suffix += "_calendar"
+        if suffix in seen:
+            suffix += f"_{lim.index}"
+        seen.add(suffix)
+        lim.full_key = f"{path}.{suffix}"
 
 
 _WILDCARD_CACHE: dict[str, re.Pattern[str]] = {}
