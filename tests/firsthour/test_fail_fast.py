@@ -10,7 +10,10 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -114,6 +117,13 @@ def test_grpc_health_not_serving_without_config_then_serving_once_loaded(
                timeout=30, what="admin up")
     for service in ("", "ratelimit"):
         assert grpc_health(proc.grpc_addr, service) == health_pb2.HealthCheckResponse.NOT_SERVING
+    # /json answers a JSON error with 503 while no config is loaded (docs/admin.md)
+    req = urllib.request.Request(proc.http_url + "/json", data=b'{"domain": "ff"}',
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=5)
+    assert info.value.code == 503
+    assert json.loads(info.value.read()) == {"error": "no config loaded"}
     (cfg / "ff.yaml").write_text(CONFIG)
     wait_until(lambda: grpc_health(proc.grpc_addr) == health_pb2.HealthCheckResponse.SERVING,
                timeout=10, what="SERVING after the config appeared")
