@@ -122,7 +122,8 @@ def _limit_json(limit: Limit) -> dict[str, object]:
 async def json_decide(request: web.Request) -> web.Response:
     """ShouldRateLimit with a proto3-JSON RateLimitRequest body (envoyproxy/ratelimit /json)."""
     state: AdminState = request.app["state"]
-    if state.config() is None:  # errors are JSON {"error": …} like the rest of the admin API
+    loaded = state.config()
+    if loaded is None or not loaded.domains:  # errors are JSON {"error": …} like the admin API
         return web.json_response({"error": "no config loaded"}, status=503)
     body = await request.text()
     if not body.strip():
