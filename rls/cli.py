@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from importlib import metadata
 
 from rls.cache import check_cache_file, is_cache_file
 from rls.config.errors import ConfigError, ConfigWarning
-from rls.config.loader import discover, load_files, read_text, yaml_files_under
+from rls.config.loader import discover, load_files, load_paths, read_text, yaml_files_under
 from rls.logging_setup import setup_logging
 from rls.settings import REFERENCE_ENV, SettingError, Settings, env_source, env_value, parse_bool
 
@@ -363,7 +364,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(
         settings.log_level, settings.log_format, "supervisor" if settings.workers > 1 else None
     )
+    log = logging.getLogger("rls")
+    for warning in empty_directories(settings.config):
+        log.warning("%s", warning)
     if settings.workers > 1:
+        # Check the config once here: a worker that cannot load it would exit and be
+        # restarted forever by the supervisor.
+        try:
+            config = load_paths(settings.config, settings.merge_domains)
+        except ConfigError as exc:
+            print(f"rls: {exc.detail()}", file=sys.stderr)
+            return 1
+        if not config.domains and not settings.allow_empty_config:
+            print("rls: no domain loaded (0 descriptor files)", file=sys.stderr)
+            return 1
         if not settings.redis_url:
             print(
                 "rls: --workers > 1 needs --redis-url: the memory backend is per process and "

@@ -316,18 +316,23 @@ def _parser(prog: str = "rls demo") -> argparse.ArgumentParser:
                    "with --cache-config CONFIG/cache.yaml (memory store); ports rewritten "
                    "like the others")
     p.add_argument("--envoy", help="Envoy binary (default: next to python, then PATH)")
-    p.add_argument("--listener-port", type=int, default=LISTENER_PORT)
-    p.add_argument("--envoy-admin-port", type=int, default=ENVOY_ADMIN_PORT)
-    p.add_argument("--grpc-port", type=int, default=GRPC_PORT)
-    p.add_argument("--http-port", type=int, default=HTTP_PORT)
+    p.add_argument("--listener-port", type=int, default=LISTENER_PORT,
+                   help="Envoy listener (default: %(default)s)")
+    p.add_argument("--envoy-admin-port", type=int, default=ENVOY_ADMIN_PORT,
+                   help="Envoy admin (default: %(default)s)")
+    p.add_argument("--grpc-port", type=int, default=GRPC_PORT,
+                   help="rls gRPC (default: %(default)s)")
+    p.add_argument("--http-port", type=int, default=HTTP_PORT,
+                   help="rls admin HTTP (default: %(default)s)")
     p.add_argument("--backend-port", type=int, default=BACKEND_PORT,
-                   help="first backend port; further endpoints use the next ports")
+                   help="first backend port; further endpoints use the next ports "
+                   "(default: %(default)s)")
     p.add_argument("--free-ports", action="store_true",
                    help="pick free ports for everything instead of the defaults")
     p.add_argument("--smoke", action="store_true",
                    help="send a few requests, check the answers, stop, exit 0 when all pass")
     p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds to wait for each component to be ready")
+                   help="seconds to wait for each component to be ready (default: %(default)s)")
     return p
 
 

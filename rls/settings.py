@@ -69,7 +69,8 @@ class Settings:
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
         name into the flag or environment variable it came from)."""
-        self.log_level = {"warn": "warning"}.get(self.log_level.lower(), self.log_level.lower())
+        level = self.log_level.lower()
+        self.log_level = LOG_LEVEL_ALIASES.get(level, level)
         self.log_format = self.log_format.lower()
         for name, allowed in CHOICES.items():
             value = getattr(self, name)
@@ -90,6 +91,9 @@ class Settings:
         except ValueError as exc:
             raise SettingError("redis_url", str(exc)) from None
 
+
+# The reference's (logrus) level names that have a Python equivalent.
+LOG_LEVEL_ALIASES = {"warn": "warning", "trace": "debug", "fatal": "critical", "panic": "critical"}
 
 # Closed sets of values, and lower bounds, checked by Settings.validate.
 CHOICES: dict[str, tuple[str, ...]] = {

@@ -81,7 +81,12 @@ def _load_file(config: RateLimitConfig, file: str, text: str, merge_domains: boo
     check_keys(file, doc, config.warnings)
     domain_name = as_str(file, doc.get("domain"), "domain")
     if not domain_name:
-        raise ConfigError(file, "config file cannot have empty domain")
+        raise ConfigError(
+            file,
+            "config file cannot have empty domain",
+            line=1,
+            hint="the file is empty" if not doc else "add `domain: <name>` at the top",
+        )
     domain = config.domains.get(domain_name)
     if domain is None:
         domain = Domain(name=domain_name, root=Level())

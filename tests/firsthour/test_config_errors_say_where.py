@@ -134,3 +134,11 @@ def test_check_config_prints_location_after_reference_text(tmp_path: Path) -> No
         f"{bad}: config error, unknown key 'shadow_mod' "
         f"(at {bad}:5, node d.k.shadow_mod; did you mean 'shadow_mode'?)"
     )
+
+
+def test_empty_file_says_it_is_empty() -> None:
+    exc = error_of("")
+    assert str(exc) == "f.yaml: config file cannot have empty domain"
+    assert exc.detail() == (
+        "f.yaml: config file cannot have empty domain (at f.yaml:1; the file is empty)"
+    )

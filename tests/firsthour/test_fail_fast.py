@@ -159,3 +159,35 @@ def test_unreachable_cache_store_is_reported_at_startup(rls_factory, tmp_path: P
     while "unreachable at startup" not in proc.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert f"cache store {dead} unreachable at startup" in proc.log()
+
+
+def test_workers_with_a_bad_config_exit_1_instead_of_restarting_forever(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("domain: ff\ndescriptors:\n  - value: x\n")
+    done = rls(*serve_args(), "--config", str(bad), "--workers", "2",
+               "--redis-url", f"redis://127.0.0.1:{free_port()}/0", timeout=30)
+    assert done.returncode == 1
+    assert one_line(done.stderr).startswith(f"rls: {bad}: descriptor has empty key (at {bad}:3")
+
+
+@pytest.mark.parametrize("level", ["WARN", "trace", "fatal"])
+def test_reference_log_level_names_are_accepted(rls_factory, tmp_path: Path, level: str) -> None:
+    cfg = tmp_path / "ff.yaml"
+    cfg.write_text(CONFIG)
+    proc = rls_factory(cfg, env={"LOG_LEVEL": level})  # waits until /healthcheck is 200
+    assert "Traceback" not in proc.log()
+
+
+def test_empty_directory_next_to_a_good_one_is_a_logged_warning(
+    rls_factory, tmp_path: Path
+) -> None:
+    good, empty = tmp_path / "good", tmp_path / "empty"
+    good.mkdir()
+    empty.mkdir()
+    (good / "ff.yaml").write_text(CONFIG)
+    proc = rls_factory(good, empty)
+    assert f"{empty}: warning: directory has no descriptor files" in proc.log()
+    strict = rls(*serve_args(), "--config", str(good), "--config", str(empty), "--strict",
+                 timeout=30)
+    assert strict.returncode == 2
+    assert "directory has no descriptor files" in one_line(strict.stderr)
