@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 
 from rls.config.errors import ConfigError
 from rls.config.loader import load_files
@@ -142,3 +143,22 @@ def test_empty_file_says_it_is_empty() -> None:
     assert exc.detail() == (
         "f.yaml: config file cannot have empty domain (at f.yaml:1; the file is empty)"
     )
+
+
+def test_reload_log_names_the_changed_file_the_line_and_keeps_the_old_config(
+    rls_factory, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    good = write(cfg / "a.yaml", "domain: a\ndescriptors:\n  - key: k\n"
+                 "    rate_limit: {unit: minute, requests_per_unit: 3}\n")
+    proc = rls_factory(cfg, args=("--reload-interval", "0.2"))
+    good.write_text("domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n"
+                    "      unit: minute\n      requests_per_unit: 3\n      burts: 2\n")
+    expected = (
+        f"error loading new configuration: {good}: config error, unknown key 'burts' "
+        f"(at {good}:7, node a.k.rate_limit.burts; did you mean 'burst'?); "
+        "keeping previous config"
+    )
+    wait_until(lambda: expected in proc.log(), timeout=10, what="reload error logged")
+    assert f"config change detected: {good}" in proc.log()
