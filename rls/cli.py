@@ -281,6 +281,8 @@ def startup_problem(settings: Settings) -> str | None:
     Without --allow-empty-config a service with no limits is a mistake, not a mode: no
     --config, a missing path or (with --strict) an empty directory stops it here.
     """
+    if settings.cache_config and not os.path.isfile(settings.cache_config):
+        return f"--cache-config: {settings.cache_config}: no such file"
     if settings.allow_empty_config:
         return None
     if not settings.config:
@@ -290,10 +292,10 @@ def startup_problem(settings: Settings) -> str | None:
         )
     for path in settings.config:
         if not os.path.exists(path):
-            return f"--config {path}: no such file or directory"
+            return f"--config: {path}: no such file or directory"
     if settings.strict:
         for warning in empty_directories(settings.config):
-            return f"--config {warning.file}: {warning.message} (--strict)"
+            return f"--config: {warning.file}: {warning.message} (--strict)"
     return None
 
 

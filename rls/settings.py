@@ -84,12 +84,38 @@ class Settings:
         for name in ("fallback_share", "near_limit_ratio"):
             if not 0 <= getattr(self, name) <= 1:
                 raise SettingError(name, f"{getattr(self, name)!r} is not between 0 and 1")
+        for name in ("grpc_addr", "http_addr"):
+            _check_addr(name, getattr(self, name))
         from rls.backends.urls import normalize_redis_url
 
         try:
             self.redis_url = normalize_redis_url(self.redis_url)
         except ValueError as exc:
             raise SettingError("redis_url", str(exc)) from None
+        for name, schemes in URL_SCHEMES.items():
+            url = getattr(self, name)
+            scheme = url.partition("://")[0] if "://" in url else ""
+            if url and scheme not in schemes:
+                allowed = ", ".join(s + "://" for s in schemes)
+                raise SettingError(name, f"{url!r}: the scheme must be one of {allowed}")
+
+
+def _check_addr(name: str, addr: str) -> None:
+    """`host:port` (host may be empty or `[v6]`); gRPC also takes `unix:` socket paths."""
+    if name == "grpc_addr" and addr.startswith(("unix:", "unix-abstract:")):
+        return
+    _, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise SettingError(name, f"{addr!r} is not host:port")
+
+
+URL_SCHEMES: dict[str, tuple[str, ...]] = {
+    "redis_url": (
+        "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
+        "rediss+cluster",
+    ),
+    "cache_store": ("redis", "rediss", "unix", "ssdb", "memory"),
+}
 
 
 # The reference's (logrus) level names that have a Python equivalent.

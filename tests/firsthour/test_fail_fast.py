@@ -87,6 +87,11 @@ BAD_SETTINGS = [
     ([], {"RLS_SHADOW_MODE": "maybe"}, "RLS_SHADOW_MODE"),
     ([], {"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
     ([], {"RLS_FAILURE_MODE": "sometimes"}, "RLS_FAILURE_MODE"),
+    (["--http-addr", "localhost"], {}, "--http-addr"),
+    ([], {"REDIS_URL": "http://redis:6379"}, "REDIS_URL"),
+    (["--cache-config", "config/cache.yaml", "--cache-store", "memcache://x"], {},
+     "--cache-store"),
+    (["--cache-config", "/nonexistent/cache.yaml"], {}, "--cache-config"),
 ]
 
 
