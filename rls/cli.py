@@ -16,7 +16,15 @@ from rls.cache import check_cache_file, is_cache_file
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.loader import discover, load_files, load_paths, read_text, yaml_files_under
 from rls.logging_setup import setup_logging
-from rls.settings import REFERENCE_ENV, SettingError, Settings, env_source, env_value, parse_bool
+from rls.settings import (
+    CHOICES,
+    REFERENCE_ENV,
+    SettingError,
+    Settings,
+    env_source,
+    env_value,
+    parse_bool,
+)
 
 # Settings exposed as flags: name -> help. Every flag also reads RLS_<NAME>.
 FLAGS = {
@@ -171,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
             shown = repr(default) if default == "" else str(default)
             serve.add_argument(
                 _flag(name), default=None,
+                metavar="|".join(CHOICES[name]) if name in CHOICES else None,
                 help=f"{text} (default {shown}; env {_env_names(name)})",
             )
     check = sub.add_parser("check-config", help="validate descriptor files and directories")
