@@ -109,7 +109,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     app = build_app(settings)
     if not app.holder.reload() and not settings.allow_empty_config:
         # Fail fast: a service with no limits would answer OK to everything.
-        log.error("rls: initial configuration failed to load (see above); exiting")
+        log.error(
+            "initial configuration failed to load (see above); exiting "
+            "(--allow-empty-config starts without it)"
+        )
         return 1
     app.holder.start(settings.reload_interval)
     try:

@@ -3,7 +3,8 @@
 Polling (default every second) sees every kind of change the same way: edits, added and
 removed files, and Kubernetes ConfigMap updates, which swap a `..data` symlink rather than
 touch the visible files (the fingerprint follows symlinks to their targets). A failed load
-keeps the previous config, logs `file: message` and counts it.
+keeps the previous config, logs `file: message (at file:line, node …); keeping previous
+config` and counts it. Without `allow_empty`, a load with zero domains is such an error too.
 """
 
 from __future__ import annotations
@@ -117,11 +118,9 @@ class ConfigHolder:
             await asyncio.sleep(interval)
             try:
                 if self.changed():
-                    before = self._fingerprint
-                    now = fingerprint(self.paths)
-                    changed = sorted(
-                        {item[0] for item in set(before) ^ set(now)}
-                    )
+                    # Name what changed (edited, added or removed files) before reloading.
+                    now = set(fingerprint(self.paths))
+                    changed = sorted({item[0] for item in now ^ set(self._fingerprint)})
                     log.info("config change detected: %s", ", ".join(changed) or "(unknown)")
                     self.reload()
             except Exception:  # a reload bug must never stop reloading for good
