@@ -430,6 +430,13 @@ def banner(demo: Demo) -> str:
     keys = ", ".join(f"{client}={key}" for client, key in demo.keys.items()) or "none"
     counters = json.dumps({"domain": "gateway", "descriptors": [{"entries": [
         {"key": "api", "value": "items"}, {"key": "user", "value": "alice"}]}]})
+    cache_lines = "" if not demo.cache else (
+        "  # response cache: the same page twice, x-cache MISS then HIT\n"
+        f"  for i in 1 2; do curl -si -H 'x-api-key: {bob}' '{gw}/items?page=7' "
+        "| grep -i '^x-cache'; done\n"
+        f"  curl -s -X POST -H 'content-type: application/json' -d '{{}}' "
+        f"'{demo.admin_url}/cache/purge?api=items'\n"
+    )
     return f"""
 rls demo is running (logs in {demo.workdir})
   Envoy gateway  {gw}          API keys: {keys}
@@ -456,7 +463,7 @@ Try:
   curl -s {demo.admin_url}/rlconfig
   curl -s {demo.admin_url}/metrics | grep '^rls_limit'
   curl -s 'http://127.0.0.1:{demo.envoy_admin}/stats?filter=ratelimit'
-
+{cache_lines}
 Press Ctrl-C to stop.
 """
 

@@ -129,7 +129,7 @@ def switches(admin: str, changes: dict[str, Any], token: str | None = None) -> i
 
 def purge(admin: str, api: str, token: str | None = None) -> int:
     path = "/cache/purge?" + urllib.parse.urlencode({"api": api})
-    return _run("cache purge", admin, path, None, token, method="POST")
+    return _run("cache purge", admin, path, {}, token, method="POST")
 
 
 def fail(command: str, message: str) -> int:
