@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
+from importlib import metadata
 
 from rls.cache import check_cache_file, is_cache_file
-from rls.config.errors import ConfigError
-from rls.config.loader import discover, load_files, read_text, yaml_files_under
+from rls.config.errors import ConfigError, ConfigWarning
+from rls.config.loader import discover, load_files, load_paths, read_text, yaml_files_under
 from rls.logging_setup import setup_logging
-from rls.settings import Settings, env_value, parse_bool
+from rls.settings import (
+    CHOICES,
+    REFERENCE_ENV,
+    SettingError,
+    Settings,
+    env_source,
+    env_value,
+    parse_bool,
+)
 
 # Settings exposed as flags: name -> help. Every flag also reads RLS_<NAME>.
 FLAGS = {
@@ -52,84 +63,170 @@ FLAGS = {
     "response_headers": "add RateLimit-Limit/-Remaining/-Reset/-Policy to responses",
     "json_body": "JSON body on 429 answers (raw_body)",
     "dynamic_metadata": "decision details as dynamic metadata for access logs",
+    "allow_empty_config": "start even with no descriptor loaded (every call answered OK)",
+    "strict": "config warnings (repeated YAML key, rate_limit without requests_per_unit, "
+    "empty directory) are errors",
 }
+
+ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"
+_KIND_TEXT = {"bool": "on or off", "int": "an integer", "float": "a number"}
+
+
+def _kind(name: str) -> str:
+    kind = {f.name: f.type for f in fields(Settings)}[name]
+    return kind if isinstance(kind, str) else kind.__name__
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _env_names(name: str) -> str:
+    names = [f"RLS_{name.upper()}"]
+    if name in REFERENCE_ENV:
+        names.append(REFERENCE_ENV[name])
+    return " or ".join(names)
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
+    """Settings from flags, then RLS_* / reference env names, then defaults.
+
+    Raises ValueError with one line naming the flag or variable a bad value came from.
+    """
     settings = Settings()
-    types = {f.name: f.type for f in fields(Settings)}
+    sources: dict[str, str] = {}
     for name in FLAGS:
         value = getattr(args, name, None)
+        source = _flag(name)
         if value is None:
-            value = env_value(name)
-        if value is None:
-            continue
-        kind = types[name]
-        kind = kind if isinstance(kind, str) else kind.__name__
-        if kind == "bool":
-            value = value if isinstance(value, bool) else parse_bool(str(value))
-        elif kind == "int":
-            value = int(value)
-        elif kind == "float":
-            value = float(value)
+            found = env_source(name)
+            if found is None:
+                continue
+            source, value = found
+        sources[name] = source
+        kind = _kind(name)
+        try:
+            if kind == "bool":
+                value = value if isinstance(value, bool) else parse_bool(str(value))
+            elif kind == "int":
+                value = int(value)
+            elif kind == "float":
+                value = float(value)
+        except ValueError:
+            raise ValueError(f"{source}: {value!r} is not {_KIND_TEXT[kind]}") from None
         setattr(settings, name, value)
-    config = list(args.config or [])
+    config = list(getattr(args, "config", None) or [])
     if not config:
         env_config = env_value("config")
         if env_config:
             config = env_config.split(",")
     settings.config = config
-    settings.validate()
+    try:
+        settings.validate()
+    except SettingError as exc:
+        raise ValueError(f"{sources.get(exc.name, _flag(exc.name))}: {exc.message}") from None
     return settings
+
+
+def _version() -> str:
+    try:
+        return metadata.version("rls")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _day(text: str) -> str:
+    """`--day` must be a real YYYYMMDD date (the admin API would silently answer 0)."""
+    try:
+        datetime.datetime.strptime(text, "%Y%m%d")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date as YYYYMMDD") from None
+    return text
+
+
+def _admin_options(parser: argparse.ArgumentParser) -> None:
+    """`--admin` and `--token`, the same for every admin client."""
+    parser.add_argument(
+        "--admin",
+        "--admin-url",
+        dest="admin",
+        default=env_value("admin_url") or ADMIN_URL_DEFAULT,
+        help=f"admin API base URL (default {ADMIN_URL_DEFAULT}; env RLS_ADMIN_URL)",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="bearer token of the admin API (default: env RLS_ADMIN_TOKEN)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rls", description="Envoy rate-limit service")
+    parser.add_argument("--version", action="version", version=f"rls {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the service")
     serve.add_argument(
-        "--config", action="append", help="descriptor file or directory (repeatable)"
+        "--config",
+        action="append",
+        help="descriptor file or directory (repeatable; env RLS_CONFIG, comma-separated)",
     )
-    types = {f.name: f.type for f in fields(Settings)}
+    defaults = Settings()
     for name, text in FLAGS.items():
-        flag = "--" + name.replace("_", "-")
-        kind = types[name] if isinstance(types[name], str) else types[name].__name__
-        if kind == "bool":
+        default = getattr(defaults, name)
+        if _kind(name) == "bool":
+            shown = "on" if default else "off"
             serve.add_argument(
-                flag, nargs="?", const="true", default=None, metavar="on|off", help=text
+                _flag(name), nargs="?", const="true", default=None, metavar="on|off",
+                help=f"{text} (default {shown}; env {_env_names(name)})",
             )
         else:
-            serve.add_argument(flag, default=None, help=f"{text} (env RLS_{name.upper()})")
+            shown = repr(default) if default == "" else str(default)
+            serve.add_argument(
+                _flag(name), default=None,
+                metavar="|".join(CHOICES[name]) if name in CHOICES else None,
+                help=f"{text} (default {shown}; env {_env_names(name)})",
+            )
     check = sub.add_parser("check-config", help="validate descriptor files and directories")
-    check.add_argument("paths", nargs="+")
-    check.add_argument("--merge-domains", action="store_true")
+    check.add_argument("paths", nargs="+", help="descriptor or cache rules files, directories")
+    check.add_argument(
+        "--merge-domains", action="store_true",
+        help="allow one domain to span several files (default off)",
+    )
+    check.add_argument(
+        "--strict", action="store_true",
+        help="warnings (repeated YAML key, rate_limit without requests_per_unit, empty "
+        "directory) fail the check (default off)",
+    )
 
-    admin_default = env_value("admin_url") or "http://127.0.0.1:8080"
     counters = sub.add_parser("counters", help="query counters (no charge) or add hits")
-    counters.add_argument("--admin", default=admin_default, help="admin API base URL")
+    _admin_options(counters)
     counters.add_argument("--domain", required=True)
     counters.add_argument(
-        "-d", "--descriptor", action="append", required=True, help="key=value[,key=value…]"
+        "-d", "--descriptor", action="append", required=True,
+        help="key=value[,key=value…] (repeatable); a comma inside a value: write \\,",
     )
     counters.add_argument("--add", type=int, metavar="HITS", help="charge HITS instead of querying")
     usage = sub.add_parser("usage", help="usage statistics of a domain")
-    usage.add_argument("--admin", default=admin_default)
+    _admin_options(usage)
     usage.add_argument("--domain", required=True)
-    usage.add_argument("--day", help="YYYYMMDD (default today)")
+    usage.add_argument("--day", type=_day, help="YYYYMMDD (default today)")
     usage.add_argument("--distinct", metavar="KEY", help="count distinct values of KEY")
     usage.add_argument("values", nargs="*", help="key=value of the statistic's keys")
     switches = sub.add_parser("switches", help="show or change runtime switches")
-    switches.add_argument("--admin", default=admin_default)
-    switches.add_argument("--shadow-mode", choices=["on", "off"])
-    switches.add_argument("--limiting-off", choices=["on", "off"])
-    switches.add_argument("--shadow-domains", help="comma-separated domains ('' for none)")
+    _admin_options(switches)
+    switches.add_argument("--shadow-mode", choices=["on", "off"], help="default: unchanged")
+    switches.add_argument("--limiting-off", choices=["on", "off"], help="default: unchanged")
+    switches.add_argument(
+        "--shadow-domains", help="comma-separated domains ('' for none; default: unchanged)"
+    )
     cache = sub.add_parser("cache", help="response cache administration")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
     purge = cache_sub.add_parser("purge", help="drop every entry of one API (O(1))")
     purge.add_argument("--api", required=True)
-    purge.add_argument("--admin", "--admin-url", dest="admin", default=admin_default)
-    demo = sub.add_parser("demo", help="start Envoy + rls + a tiny backend locally")
-    demo.add_argument("args", nargs=argparse.REMAINDER)
+    _admin_options(purge)
+    # `rls demo ...` is handed to rls.demo's own parser before this one runs (see main), so
+    # `rls demo --help` shows the demo's options; this entry only lists it in `rls --help`.
+    sub.add_parser("demo", help="start Envoy + rls + a tiny backend locally (rls demo --help)")
     return parser
 
 
@@ -140,14 +237,25 @@ def cache_files_in(paths: Sequence[str]) -> list[str]:
     ]
 
 
-def check_config(paths: Sequence[str], merge_domains: bool) -> int:
-    """Validate every file; print `file: message` per error; exit 1 on any error."""
+def empty_directories(paths: Sequence[str]) -> list[ConfigWarning]:
+    """Directories among `paths` with no YAML file at all: a wrong mount or path, usually."""
+    return [
+        ConfigWarning(p, "directory has no descriptor files (*.yaml, *.yml)")
+        for p in paths
+        if os.path.isdir(p) and not yaml_files_under(p)
+    ]
+
+
+def check_config(paths: Sequence[str], merge_domains: bool, strict: bool = False) -> int:
+    """Validate every file; print `file: message (at file:line, node path)` per error and
+    `file: warning: …` per warning; exit 1 on any error (or warning with --strict)."""
     errors = 0
     files: list[tuple[str, str]] = []
+    warnings = empty_directories(paths)
     try:
         names = discover(paths) + cache_files_in(paths)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        print(exc.detail(), file=sys.stderr)
         return 1
     for name in names:
         try:
@@ -155,23 +263,53 @@ def check_config(paths: Sequence[str], merge_domains: bool) -> int:
                 check_cache_file(name)
                 continue
             text = read_text(name)
-            load_files([(name, text)], merge_domains=True)
+            warnings += load_files([(name, text)], merge_domains=True).warnings
             files.append((name, text))
         except ConfigError as exc:
-            print(exc, file=sys.stderr)
+            print(exc.detail(), file=sys.stderr)
             errors += 1
+    for warning in warnings:
+        print(warning, file=sys.stderr)
     if not errors:
         try:  # cross-file conditions: duplicate domains, duplicate nodes when merging
             config = load_files(files, merge_domains)
         except ConfigError as exc:
-            print(exc, file=sys.stderr)
+            print(exc.detail(), file=sys.stderr)
+            return 1
+        if strict and warnings:
+            print(f"FAILED (--strict): {len(warnings)} warning(s)", file=sys.stderr)
             return 1
         cache_count = len(names) - len(files)
         print(
             f"OK: {len(files)} descriptor file(s), {len(config.domains)} domain(s), "
             f"{cache_count} cache rules file(s)"
+            + (f", {len(warnings)} warning(s)" if warnings else "")
         )
     return 1 if errors else 0
+
+
+def startup_problem(settings: Settings) -> str | None:
+    """Why `rls serve` must not start (one line), before anything is set up; None if it can.
+
+    Without --allow-empty-config a service with no limits is a mistake, not a mode: no
+    --config, a missing path or (with --strict) an empty directory stops it here.
+    """
+    if settings.cache_config and not os.path.isfile(settings.cache_config):
+        return f"--cache-config: {settings.cache_config}: no such file"
+    if settings.allow_empty_config:
+        return None
+    if not settings.config:
+        return (
+            "no descriptor config: pass --config PATH (env RLS_CONFIG), "
+            "or --allow-empty-config to start without limits"
+        )
+    for path in settings.config:
+        if not os.path.exists(path):
+            return f"--config: {path}: no such file or directory"
+    if settings.strict:
+        for warning in empty_directories(settings.config):
+            return f"--config: {warning.file}: {warning.message} (--strict)"
+    return None
 
 
 def _without_workers(argv: list[str]) -> list[str]:
@@ -193,13 +331,18 @@ def _without_workers(argv: list[str]) -> list[str]:
 def _admin_command(args: argparse.Namespace) -> int:
     from rls.admin import client
 
+    token = args.token or os.environ.get("RLS_ADMIN_TOKEN")
     try:
         if args.command == "counters":
             if args.add is not None:
-                return client.add(args.admin, args.domain, args.descriptor, args.add)
-            return client.counters(args.admin, args.domain, args.descriptor)
+                return client.add(args.admin, args.domain, args.descriptor, args.add, token)
+            return client.counters(args.admin, args.domain, args.descriptor, token)
         if args.command == "usage":
-            return client.usage(args.admin, args.domain, args.values, args.day, args.distinct)
+            return client.usage(
+                args.admin, args.domain, args.values, args.day, args.distinct, token
+            )
+        if args.command == "cache":
+            return client.purge(args.admin, args.api, token)
         changes: dict[str, object] = {}
         if args.shadow_mode:
             changes["shadow_mode"] = args.shadow_mode == "on"
@@ -207,32 +350,49 @@ def _admin_command(args: argparse.Namespace) -> int:
             changes["limiting_off"] = args.limiting_off == "on"
         if args.shadow_domains is not None:
             changes["shadow_domains"] = [d for d in args.shadow_domains.split(",") if d]
-        return client.switches(args.admin, changes)
+        return client.switches(args.admin, changes, token)
     except (ValueError, OSError) as exc:
-        return client.fail(str(exc))
+        return client.fail(args.command, str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "check-config":
-        return check_config(args.paths, args.merge_domains)
-    if args.command in ("counters", "usage", "switches"):
-        return _admin_command(args)
-    if args.command == "cache":
-        from rls.cache.cli import purge
-
-        return purge(args.admin, args.api, os.environ.get("RLS_ADMIN_TOKEN"))
-    if args.command == "demo":
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:
+        # The demo has its own parser: its flags and --help reach it untouched.
         from rls.demo import main as demo_main
 
-        return demo_main(args.args)
+        return demo_main(argv[1:], prog="rls demo")
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return check_config(args.paths, args.merge_domains, args.strict)
+    if args.command in ("counters", "usage", "switches", "cache"):
+        return _admin_command(args)
     try:
         settings = _settings_from(args)
     except ValueError as exc:
         print(f"rls: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level, settings.log_format)
+    problem = startup_problem(settings)
+    if problem is not None:
+        print(f"rls: {problem}", file=sys.stderr)
+        return 2
+    setup_logging(
+        settings.log_level, settings.log_format, "supervisor" if settings.workers > 1 else None
+    )
+    log = logging.getLogger("rls")
+    for warning in empty_directories(settings.config):
+        log.warning("%s", warning)
     if settings.workers > 1:
+        # Check the config once here: a worker that cannot load it would exit and be
+        # restarted forever by the supervisor.
+        try:
+            config = load_paths(settings.config, settings.merge_domains)
+        except ConfigError as exc:
+            print(f"rls: {exc.detail()}", file=sys.stderr)
+            return 1
+        if not config.domains and not settings.allow_empty_config:
+            print("rls: no domain loaded (0 descriptor files)", file=sys.stderr)
+            return 1
         if not settings.redis_url:
             print(
                 "rls: --workers > 1 needs --redis-url: the memory backend is per process and "
@@ -242,7 +402,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         from rls.workers import supervise
 
-        argv = list(sys.argv[1:] if argv is None else argv)
         return supervise(_without_workers(argv), settings.workers)
     from rls.server import serve
 

@@ -280,6 +280,7 @@ class Demo:
     workdir: Path
     children: list[Child] = field(default_factory=list)
     servers: list[ThreadingHTTPServer] = field(default_factory=list)
+    cache: bool = False  # --cache: Envoy's ext_proc response cache served by rls
 
     @property
     def admin_url(self) -> str:
@@ -299,29 +300,39 @@ class Demo:
 # --------------------------------------------------------------------------- main
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "rls demo") -> argparse.ArgumentParser:
     root = _repo_root()
     p = argparse.ArgumentParser(
-        prog="rls demo",
+        prog=prog,
         description="Run a backend, rls (memory backend) and Envoy on this machine.",
     )
     p.add_argument("--config", default=str(root / "config"),
                    help="directory with descriptor YAML (default: %(default)s)")
-    p.add_argument("--envoy-config", default=str(root / "envoy" / "gateway.yaml"),
-                   help="Envoy config (default: %(default)s)")
+    p.add_argument("--envoy-config", default=None,
+                   help="Envoy config (default: envoy/gateway.yaml, with --cache "
+                   "envoy/gateway-cache.yaml)")
+    p.add_argument("--cache", action="store_true",
+                   help="response cache mode: Envoy on envoy/gateway-cache.yaml (ext_proc), rls "
+                   "with --cache-config CONFIG/cache.yaml (memory store); ports rewritten "
+                   "like the others")
     p.add_argument("--envoy", help="Envoy binary (default: next to python, then PATH)")
-    p.add_argument("--listener-port", type=int, default=LISTENER_PORT)
-    p.add_argument("--envoy-admin-port", type=int, default=ENVOY_ADMIN_PORT)
-    p.add_argument("--grpc-port", type=int, default=GRPC_PORT)
-    p.add_argument("--http-port", type=int, default=HTTP_PORT)
+    p.add_argument("--listener-port", type=int, default=LISTENER_PORT,
+                   help="Envoy listener (default: %(default)s)")
+    p.add_argument("--envoy-admin-port", type=int, default=ENVOY_ADMIN_PORT,
+                   help="Envoy admin (default: %(default)s)")
+    p.add_argument("--grpc-port", type=int, default=GRPC_PORT,
+                   help="rls gRPC (default: %(default)s)")
+    p.add_argument("--http-port", type=int, default=HTTP_PORT,
+                   help="rls admin HTTP (default: %(default)s)")
     p.add_argument("--backend-port", type=int, default=BACKEND_PORT,
-                   help="first backend port; further endpoints use the next ports")
+                   help="first backend port; further endpoints use the next ports "
+                   "(default: %(default)s)")
     p.add_argument("--free-ports", action="store_true",
                    help="pick free ports for everything instead of the defaults")
     p.add_argument("--smoke", action="store_true",
                    help="send a few requests, check the answers, stop, exit 0 when all pass")
     p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds to wait for each component to be ready")
+                   help="seconds to wait for each component to be ready (default: %(default)s)")
     return p
 
 
@@ -348,7 +359,11 @@ def _ports(args: argparse.Namespace, n_backends: int) -> dict[str, Any]:
 def start(args: argparse.Namespace) -> Demo:
     envoy = find_envoy(args.envoy)
     files = descriptor_files(Path(args.config))
-    envoy_path = Path(args.envoy_config)
+    cache_rules = Path(args.config) / "cache.yaml"
+    if args.cache and not cache_rules.is_file():
+        raise DemoError(f"--cache: no cache rules file {cache_rules}")
+    envoy_path = Path(args.envoy_config or _repo_root() / "envoy" / (
+        "gateway-cache.yaml" if args.cache else "gateway.yaml"))
     try:
         config = yaml.safe_load(envoy_path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -373,9 +388,14 @@ def start(args: argparse.Namespace) -> Demo:
                "--grpc-addr", f"127.0.0.1:{demo.grpc}", "--http-addr", f"127.0.0.1:{demo.http}"]
         for path in files:
             cmd += ["--config", str(path)]
+        if args.cache:
+            # The demo's store is this process's memory whatever the rules file says.
+            cmd += ["--cache-config", str(cache_rules), "--cache-store", "memory://"]
+            demo.cache = True
         rls = spawn("rls", cmd, workdir, env)
         demo.children.append(rls)
-        print(f"rls: {' '.join(p.name for p in files)} (memory backend)", flush=True)
+        print(f"rls: {' '.join(p.name for p in files)} (memory backend"
+              f"{', response cache ' + cache_rules.name if args.cache else ''})", flush=True)
         wait_for("rls /healthcheck",
                  lambda: request(demo.http, "GET", "/healthcheck").status == 200,
                  args.timeout, rls.alive, rls.log)
@@ -410,6 +430,13 @@ def banner(demo: Demo) -> str:
     keys = ", ".join(f"{client}={key}" for client, key in demo.keys.items()) or "none"
     counters = json.dumps({"domain": "gateway", "descriptors": [{"entries": [
         {"key": "api", "value": "items"}, {"key": "user", "value": "alice"}]}]})
+    cache_lines = "" if not demo.cache else (
+        "  # response cache: the same page twice, x-cache MISS then HIT\n"
+        f"  for i in 1 2; do curl -si -H 'x-api-key: {bob}' '{gw}/items?page=7' "
+        "| grep -i '^x-cache'; done\n"
+        f"  curl -s -X POST -H 'content-type: application/json' -d '{{}}' "
+        f"'{demo.admin_url}/cache/purge?api=items'\n"
+    )
     return f"""
 rls demo is running (logs in {demo.workdir})
   Envoy gateway  {gw}          API keys: {keys}
@@ -436,7 +463,7 @@ Try:
   curl -s {demo.admin_url}/rlconfig
   curl -s {demo.admin_url}/metrics | grep '^rls_limit'
   curl -s 'http://127.0.0.1:{demo.envoy_admin}/stats?filter=ratelimit'
-
+{cache_lines}
 Press Ctrl-C to stop.
 """
 
@@ -470,7 +497,8 @@ def smoke(demo: Demo) -> list[str]:
     check(statuses[-1] == 429 and statuses.count(200) == 30,
           f"alice: 30 calls per minute on /items, then 429 ({statuses.count(200)} x 200, "
           f"then {statuses[-1]})")
-    check("retry-after" in r.headers, "the 429 carries retry-after")
+    if not demo.cache:  # envoy/gateway-cache.yaml does not enable_retry_after_header
+        check("retry-after" in r.headers, "the 429 carries retry-after")
     body = b"x" * 5000
     r = request(demo.listener, "POST", "/translate", bob, body)
     check(r.status == 200, f"bob POST /translate with 5000 bytes -> 200 (got {r.status})")
@@ -485,6 +513,13 @@ def smoke(demo: Demo) -> list[str]:
         conn.close()
     used = [limit["used"] for limit in answer["results"][0]["limits"]]
     check(used == [5000], f"rls charged the body size: used {used} (admin /counters)")
+    if demo.cache:
+        page = f"/items?page=smoke-{time.time_ns()}"
+        first = request(demo.listener, "GET", page, bob)
+        second = request(demo.listener, "GET", page, bob)
+        check(first.status == 200 and second.headers.get("x-cache") == "HIT",
+              f"cache: a repeated GET {page.split('?')[0]} is answered from rls's cache "
+              f"(x-cache {first.headers.get('x-cache')} then {second.headers.get('x-cache')})")
     metrics = request(demo.http, "GET", "/metrics").body.decode()
     over = [line for line in metrics.splitlines() if line.startswith("rls_requests_total{")
             and 'code="OVER_LIMIT"' in line and 'domain="gateway"' in line]
@@ -493,8 +528,8 @@ def smoke(demo: Demo) -> list[str]:
     return failures
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "rls demo") -> int:
+    args = _parser(prog).parse_args(argv)
     demo: Demo | None = None
 
     def on_sigterm(signum: int, frame: Any) -> None:

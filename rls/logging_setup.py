@@ -1,13 +1,20 @@
-"""Text or JSON logs on stderr."""
+"""Text or JSON logs on stderr; under `--workers` every line says which process wrote it."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
+
+WORKER_ENV = "RLS_WORKER_INDEX"  # set by rls.workers for each worker process
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, worker: str | None = None) -> None:
+        super().__init__()
+        self.worker = worker
+
     def format(self, record: logging.LogRecord) -> str:
         out = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -16,17 +23,27 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if self.worker is not None:
+            out["worker"] = self.worker
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out)
 
 
-def setup_logging(level: str, fmt: str) -> None:
+def setup_logging(level: str, fmt: str, worker: str | None = None) -> None:
+    """Root handler on stderr. `worker`: the process's label under --workers (`supervisor`, or
+    the worker index read from RLS_WORKER_INDEX when not given), so interleaved lines of
+    several processes can be told apart."""
+    if worker is None:
+        worker = os.environ.get(WORKER_ENV)
     handler = logging.StreamHandler()
     if fmt == "json":
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter(worker))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        tag = "" if worker is None else f"[worker {worker}] "
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
+        )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -14,6 +14,7 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2_grpc
 
 from rls.admin.app import AdminState, create_app
+from rls.admin.auth import admin_token
 from rls.admin.cache import add_cache_routes
 from rls.admin.switches import follow_shared
 from rls.backends import create_backend
@@ -21,7 +22,9 @@ from rls.backends.base import Backend, BackendError
 from rls.backends.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.backends.redis import StoreRejected
 from rls.cache import build_cache
+from rls.cache.store import GuardedStore, StoreError
 from rls.config.errors import ConfigError
+from rls.config.model import RateLimitConfig
 from rls.config.reload import ConfigHolder
 from rls.engine.budget import LoopLag
 from rls.engine.limiter import RateLimiter
@@ -50,7 +53,13 @@ class App:
 
 def build_app(settings: Settings, backend: Backend | None = None) -> App:
     metrics = Metrics(near_ratio=settings.near_limit_ratio)
-    holder = ConfigHolder(settings.config, metrics, settings.merge_domains)
+    holder = ConfigHolder(
+        settings.config,
+        metrics,
+        settings.merge_domains,
+        strict=settings.strict,
+        allow_empty=settings.allow_empty_config,
+    )
     if backend is None and settings.redis_url:
         gauge = metrics.circuit.labels("redis")
         breaker = CircuitBreaker(
@@ -130,6 +139,23 @@ async def _start_store(app: App, on_ready: asyncio.Event, attempted: asyncio.Eve
         await asyncio.sleep(0.25)
 
 
+def has_config(config: RateLimitConfig | None) -> bool:
+    return config is not None and bool(config.domains)
+
+
+async def _probe_cache_store(store: GuardedStore) -> None:
+    """Report an unreachable cache store at startup (requests still go upstream uncached)."""
+    try:
+        await store.get_version("rls:startup-probe")
+    except StoreError as exc:
+        log.warning(
+            "cache store %s unreachable at startup: %s; requests go upstream uncached "
+            "until it answers",
+            getattr(store, "url", store.name),
+            exc,
+        )
+
+
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     tune_thresholds()
     app = build_app(settings)
@@ -144,8 +170,13 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
         app.metrics.gc_frozen.set(freeze_startup_objects())
 
     app.holder.on_change = config_changed
-    if not app.holder.reload():
-        log.error("initial configuration failed to load; serving errors until it is fixed")
+    if not app.holder.reload() and not settings.allow_empty_config:
+        # Fail fast: a service with no limits would answer OK to everything.
+        log.error(
+            "initial configuration failed to load (see above); exiting "
+            "(--allow-empty-config starts without it)"
+        )
+        return 1
     app.holder.start(settings.reload_interval)
     app.metrics.store_ready.set(0)
     store_ready, attempted = asyncio.Event(), asyncio.Event()
@@ -166,6 +197,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
         except ConfigError as exc:
             raise SystemExit(f"rls: {exc}") from None
         handlers.append(extproc.handler())
+        await _probe_cache_store(cache.store)
         # Buffered bodies arrive in one message; RateLimitService checks its own size limit.
         max_message = max(max_message, 16 << 20)
     server = grpc.aio.server(
@@ -179,6 +211,22 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     health = create_health()
     await set_serving(health, False)  # until the store accepted us
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    # gRPC health follows the config: NOT_SERVING while no domain is loaded (the reference's
+    # HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED), SERVING once one is — and the store is ready.
+    loop = asyncio.get_running_loop()
+    on_config = app.holder.on_change
+    health_tasks: set[asyncio.Task[None]] = set()
+    draining = asyncio.Event()
+
+    def follow_config(config: RateLimitConfig) -> None:
+        if on_config is not None:
+            on_config(config)
+        if not draining.is_set() and store_ready.is_set():
+            task = loop.create_task(set_serving(health, has_config(config)))
+            health_tasks.add(task)
+            task.add_done_callback(health_tasks.discard)
+
+    app.holder.on_change = follow_config
     try:
         port = server.add_insecure_port(settings.grpc_addr)
     except RuntimeError as exc:  # grpc raises when the address is taken
@@ -203,6 +251,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
         log.error("cannot listen on %s (admin): %s", settings.http_addr, exc)
         await server.stop(grace=None)
         return 1
+    if admin_token() is not None:
+        log.info("admin token on: mutating admin endpoints and /json need the bearer token")
     log.info(
         "rls serving gRPC on %s, admin on %s, backend %s%s",
         settings.grpc_addr,
@@ -224,7 +274,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
         app.metrics.gc_frozen.set(freeze_startup_objects())
         if not state.draining:
             state.store_ready = True
-            await set_serving(health, True)
+            await set_serving(health, has_config(app.holder.current()))
             if ready is not None:
                 ready.set()
 
@@ -233,6 +283,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
 
     log.info("shutting down: draining in-flight calls")
     state.draining = True
+    draining.set()
     await set_serving(health, False)
     # Keep answering for a moment while readiness reports 503: grpc-core cancels calls it has
     # received but not yet handed to a handler when stop() begins (grpc/grpc#41785), and load

@@ -69,23 +69,107 @@ class Settings:
     response_headers: bool = False  # RateLimit-* headers in response_headers_to_add
     json_body: bool = False  # JSON body (raw_body) on OVER_LIMIT answers
     dynamic_metadata: bool = False  # decision details as dynamic metadata for access logs
+    # Start without any descriptor loaded (every call answered OK until a config appears).
+    # Off: a missing path, no --config or zero domains is a startup error.
+    allow_empty_config: bool = False
+    strict: bool = False  # config warnings (duplicate YAML key, no requests_per_unit) are errors
 
     def validate(self) -> None:
-        if self.failure_mode not in ("allow", "deny"):
-            raise ValueError(f"failure_mode must be allow or deny, not {self.failure_mode!r}")
+        """Reject every bad value with a SettingError naming the setting (the CLI turns the
+        name into the flag or environment variable it came from)."""
+        level = self.log_level.lower()
+        self.log_level = LOG_LEVEL_ALIASES.get(level, level)
+        self.log_format = self.log_format.lower()
+        for name, allowed in CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise SettingError(name, f"{value!r} is not one of {', '.join(allowed)}")
         if len(self.key_prefix.encode()) > 32:
-            raise ValueError("key_prefix must be at most 32 bytes")
-        if self.workers < 1:
-            raise ValueError("workers must be at least 1")
-        for name in (
-            "backend_timeout_ms", "overload_cap_ms", "probe_interval_ms", "probe_timeout_ms",
-            "max_inflight",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+            raise SettingError("key_prefix", "must be at most 32 bytes")
+        for name, low in MINIMUM.items():
+            if getattr(self, name) < low:
+                raise SettingError(name, f"{getattr(self, name)!r} is below the minimum {low}")
+        for name in ("fallback_share", "near_limit_ratio"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise SettingError(name, f"{getattr(self, name)!r} is not between 0 and 1")
+        for name in ("grpc_addr", "http_addr"):
+            _check_addr(name, getattr(self, name))
         from rls.backends.urls import normalize_redis_url
 
-        self.redis_url = normalize_redis_url(self.redis_url)
+        try:
+            self.redis_url = normalize_redis_url(self.redis_url)
+        except ValueError as exc:
+            raise SettingError("redis_url", str(exc)) from None
+        for name, schemes in URL_SCHEMES.items():
+            url = getattr(self, name)
+            scheme = url.partition("://")[0] if "://" in url else ""
+            if url and scheme not in schemes:
+                allowed = ", ".join(s + "://" for s in schemes)
+                raise SettingError(name, f"{url!r}: the scheme must be one of {allowed}")
+
+
+def _check_addr(name: str, addr: str) -> None:
+    """`host:port` (host may be empty or `[v6]`); gRPC also takes `unix:` socket paths."""
+    if name == "grpc_addr" and addr.startswith(("unix:", "unix-abstract:")):
+        return
+    _, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise SettingError(name, f"{addr!r} is not host:port")
+
+
+URL_SCHEMES: dict[str, tuple[str, ...]] = {
+    "redis_url": (
+        "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
+        "rediss+cluster",
+    ),
+    "cache_store": ("redis", "rediss", "unix", "ssdb", "memory"),
+}
+
+
+# The reference's (logrus) level names that have a Python equivalent.
+LOG_LEVEL_ALIASES = {"warn": "warning", "trace": "debug", "fatal": "critical", "panic": "critical"}
+
+# Closed sets of values, and lower bounds, checked by Settings.validate.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "failure_mode": ("allow", "deny"),
+    "log_format": ("text", "json"),
+    "log_level": ("debug", "info", "warning", "error", "critical"),
+}
+MINIMUM: dict[str, float] = {
+    "workers": 1,
+    "backend_timeout_ms": 1,
+    "breaker_threshold": 1,
+    "probe_interval_ms": 1,
+    "probe_timeout_ms": 1,
+    "overload_cap_ms": 1,
+    "max_inflight": 1,
+    "deadline_margin_ms": 0,
+    "reload_interval": 0,
+    "shutdown_delay_ms": 0,
+    "drain_seconds": 0,
+    "max_descriptors": 1,
+    "max_entries": 1,
+    "max_value_bytes": 1,
+    "max_request_bytes": 1,
+}
+
+
+class SettingError(ValueError):
+    """A bad setting value; `name` is the Settings field, so the message can name its source."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.message = message
+
+
+def env_source(name: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """(variable, value) of the environment variable a setting is read from, if any is set."""
+    env = os.environ if environ is None else environ
+    for var in (f"RLS_{name.upper()}", REFERENCE_ENV.get(name)):
+        if var is not None and var in env:
+            return var, env[var]
+    return None
 
 
 def env_value(name: str, environ: dict[str, str] | None = None) -> str | None:

@@ -125,17 +125,20 @@ def _limit_json(limit: Limit) -> dict[str, object]:
 async def json_decide(request: web.Request) -> web.Response:
     """ShouldRateLimit with a proto3-JSON RateLimitRequest body (envoyproxy/ratelimit /json)."""
     state: AdminState = request.app["state"]
+    loaded = state.config()
+    if loaded is None or not loaded.domains:  # errors are JSON {"error": …} like the admin API
+        return web.json_response({"error": "no config loaded"}, status=503)
     body = await request.text()
     if not body.strip():
-        return web.Response(status=400, text="Bad Request\n")
+        return web.json_response({"error": "Bad Request: empty body"}, status=400)
     try:
         req = json_format.Parse(body, rls_pb2.RateLimitRequest())
     except (json_format.ParseError, ValueError) as exc:
-        return web.Response(status=400, text=f"Bad Request: {exc}\n")
+        return web.json_response({"error": f"Bad Request: {exc}"}, status=400)
     try:
         resp = await state.service.decide(req)
     except (InvalidRequest, RuntimeError) as exc:
-        return web.Response(status=400, text=f"Bad Request: {exc}\n")
+        return web.json_response({"error": f"Bad Request: {exc}"}, status=400)
     payload = json_format.MessageToDict(resp)
     status = 429 if resp.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT else 200
     if resp.overall_code == rls_pb2.RateLimitResponse.UNKNOWN:

@@ -1,9 +1,15 @@
-"""Thin clients of the admin API for the CLI (`rls counters`, `rls usage`, `rls switches`)."""
+"""Thin clients of the admin API for the CLI (`rls counters`, `usage`, `switches`, `cache purge`).
+
+One style for all of them: the answer as JSON on stdout and exit 0 on success; on failure one
+line `rls <command>: …` on stderr and a non-zero exit (1: the admin API said no, with its HTTP
+status and error; 2: it could not be reached or the arguments were bad).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.parse
@@ -11,12 +17,30 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+TOKEN_HINT = "pass --token or set RLS_ADMIN_TOKEN"
+
+
+class HttpFailure(Exception):
+    """The admin API answered with a non-2xx status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
 
 def parse_descriptor(text: str) -> dict[str, Any]:
-    """`app=42,user=alice` -> {"entries": [{"key": "app", "value": "42"}, ...]}."""
-    entries = []
-    for part in text.split(","):
+    """`app=42,user=alice` -> {"entries": [{"key": "app", "value": "42"}, ...]}.
+
+    A value may contain commas: escaped (`path=/a\\,b`), or simply followed by text with no
+    `=` (`tags=a,b,app=1` -> tags="a,b", app="1").
+    """
+    entries: list[dict[str, str]] = []
+    for part in re.split(r"(?<!\\),", text):
+        part = part.replace("\\,", ",")
         key, sep, value = part.partition("=")
+        if not sep and entries:
+            entries[-1]["value"] += "," + part
+            continue
         if not key or not sep:
             raise ValueError(f"descriptor entries are key=value, got {part!r}")
         entries.append({"key": key, "value": value})
@@ -24,10 +48,12 @@ def parse_descriptor(text: str) -> dict[str, Any]:
 
 
 def call(
-    admin: str, path: str, body: Any | None = None, token: str | None = None
-) -> tuple[int, Any]:
+    admin: str, path: str, body: Any | None = None, token: str | None = None,
+    method: str | None = None,
+) -> Any:
+    """JSON answer of one admin call; raises HttpFailure on non-2xx, OSError if unreachable."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(admin.rstrip("/") + path, data=data)
+    request = urllib.request.Request(admin.rstrip("/") + path, data=data, method=method)
     if data is not None:
         request.add_header("Content-Type", "application/json")
     token = token or os.environ.get("RLS_ADMIN_TOKEN")
@@ -35,37 +61,54 @@ def call(
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
-            return resp.status, json.loads(resp.read() or b"null")
+            return json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         raw = exc.read()
         try:
-            return exc.code, json.loads(raw)
+            payload = json.loads(raw)
+            message = payload.get("error", raw.decode()) if isinstance(payload, dict) else raw
         except ValueError:
-            return exc.code, {"error": raw.decode(errors="replace")}
+            message = raw.decode(errors="replace").strip() or exc.reason
+        if exc.code == 401:
+            message = f"{message} ({TOKEN_HINT})"
+        raise HttpFailure(exc.code, str(message)) from None
+    except urllib.error.URLError as exc:
+        raise OSError(f"cannot reach {admin}: {exc.reason}") from None
 
 
-def _print(status: int, payload: Any) -> int:
+def _run(command: str, admin: str, path: str, body: Any | None, token: str | None,
+         method: str | None = None) -> int:
+    try:
+        payload = call(admin, path, body, token, method)
+    except HttpFailure as exc:
+        print(f"rls {command}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        return fail(command, str(exc))
     print(json.dumps(payload, indent=2))
-    return 0 if 200 <= status < 300 else 1
+    return 0
 
 
-def counters(admin: str, domain: str, descriptors: Sequence[str]) -> int:
+def counters(admin: str, domain: str, descriptors: Sequence[str], token: str | None = None) -> int:
     body = {"domain": domain, "descriptors": [parse_descriptor(d) for d in descriptors]}
-    return _print(*call(admin, "/counters", body))
+    return _run("counters", admin, "/counters", body, token)
 
 
-def add(admin: str, domain: str, descriptors: Sequence[str], hits: int) -> int:
+def add(
+    admin: str, domain: str, descriptors: Sequence[str], hits: int, token: str | None = None
+) -> int:
     item: dict[str, Any] = {
         "domain": domain,
         "descriptors": [parse_descriptor(d) for d in descriptors],
     }
     if hits:
         item["hitsAddend"] = hits
-    return _print(*call(admin, "/add", {"items": [item]}))
+    return _run("counters", admin, "/add", {"items": [item]}, token)
 
 
 def usage(
-    admin: str, domain: str, values: Sequence[str], day: str | None, distinct: str | None
+    admin: str, domain: str, values: Sequence[str], day: str | None, distinct: str | None,
+    token: str | None = None,
 ) -> int:
     query: dict[str, str] = {"domain": domain}
     if day:
@@ -73,17 +116,22 @@ def usage(
     if distinct:
         query["distinct"] = distinct
     for item in values:
-        key, _, value = item.partition("=")
+        key, sep, value = item.partition("=")
+        if not key or not sep:
+            raise ValueError(f"statistic keys are key=value, got {item!r}")
         query[key] = value
-    return _print(*call(admin, "/usage?" + urllib.parse.urlencode(query)))
+    return _run("usage", admin, "/usage?" + urllib.parse.urlencode(query), None, token)
 
 
-def switches(admin: str, changes: dict[str, Any]) -> int:
-    if not changes:
-        return _print(*call(admin, "/switches"))
-    return _print(*call(admin, "/switches", changes))
+def switches(admin: str, changes: dict[str, Any], token: str | None = None) -> int:
+    return _run("switches", admin, "/switches", changes or None, token)
 
 
-def fail(message: str) -> int:
-    print(f"rls: {message}", file=sys.stderr)
+def purge(admin: str, api: str, token: str | None = None) -> int:
+    path = "/cache/purge?" + urllib.parse.urlencode({"api": api})
+    return _run("cache purge", admin, path, {}, token, method="POST")
+
+
+def fail(command: str, message: str) -> int:
+    print(f"rls {command}: {message}", file=sys.stderr)
     return 2

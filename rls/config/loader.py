@@ -78,10 +78,15 @@ def _load_file(config: RateLimitConfig, file: str, text: str, merge_domains: boo
         raise ConfigError(file, "error loading config file: yaml: document must be a map")
     doc = doc or {}
     _check_depth(file, doc.get("descriptors"), 1)
-    check_keys(file, doc)
+    check_keys(file, doc, config.warnings)
     domain_name = as_str(file, doc.get("domain"), "domain")
     if not domain_name:
-        raise ConfigError(file, "config file cannot have empty domain")
+        raise ConfigError(
+            file,
+            "config file cannot have empty domain",
+            line=1,
+            hint="the file is empty" if not doc else "add `domain: <name>` at the top",
+        )
     domain = config.domains.get(domain_name)
     if domain is None:
         domain = Domain(name=domain_name, root=Level())
@@ -97,7 +102,7 @@ def _load_file(config: RateLimitConfig, file: str, text: str, merge_domains: boo
     usage = parse_usage_stats(file, doc.get("usage_stats"))
     if usage is not None:
         domain.usage = usage
-    DomainParser(file, domain_name).add_descriptors(
+    DomainParser(file, domain_name, config.warnings).add_descriptors(
         domain.root, doc.get("descriptors"), domain_name
     )
     config.files.append(file)

@@ -7,13 +7,73 @@ request must end on a node that carries a limit.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from rls.config.model import Domain, Node
 
+log = logging.getLogger("rls.match")
+
 
 def match(domain: Domain, entries: Sequence[tuple[str, str]]) -> list[Node] | None:
-    """The nodes matched level by level, or None when the descriptor has no limit."""
+    """The nodes matched level by level, or None when the descriptor has no limit.
+
+    At debug level, logs which limit the descriptor matched and why. The limiter memoizes
+    match results per config, so this runs once per distinct descriptor, never per request.
+    """
+    path = _match(domain, entries)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s", explain(domain, entries, path))
+    return path
+
+
+def _how(node: Node) -> str:
+    if not node.value:
+        return f"{node.key} (any value)"
+    if "*" in node.value:
+        return f"{node.key}={node.value} (wildcard)"
+    return f"{node.key}={node.value} (exact)"
+
+
+def explain(
+    domain: Domain, entries: Sequence[tuple[str, str]], path: list[Node] | None
+) -> str:
+    """One line: the descriptor, what it matched level by level, and the limit (or why none)."""
+    text = ", ".join(f"{k}={v}" for k, v in entries)
+    head = f"descriptor {domain.name} [{text}]"
+    if not entries:
+        return f"{head}: no entries, no limit"
+    if path is not None:
+        limits = "; ".join(
+            "unlimited" if lim.unlimited
+            else f"{lim.full_key}: {lim.requests_per_unit}/"
+            f"{lim.unit_multiplier if lim.unit_multiplier > 1 else ''}{lim.unit.name.lower()}"
+            f"{' ' + lim.algorithm if lim.algorithm != 'fixed_window' else ''}"
+            f"{' shadow' if lim.shadow_mode else ''}"
+            for lim in path[-1].limits
+        )
+        return f"{head}: matched {' > '.join(_how(n) for n in path)} -> {limits}"
+    # Why not: walk again, the same way, stopping where it fails.
+    level, walked = domain.root, []
+    for i, (key, value) in enumerate(entries):
+        node = (level.by_key.get(key) or {}).get(value) if value else None
+        if node is None:
+            node = next((c for rx, c in level.wildcards.get(key, ()) if rx.fullmatch(value)),
+                        None) or level.defaults.get(key)
+        if node is None:
+            where = " > ".join(walked) or "the domain root"
+            return f"{head}: no limit: nothing for {key}={value} under {where}"
+        walked.append(_how(node))
+        if i == len(entries) - 1:
+            return f"{head}: no limit: {' > '.join(walked)} has no rate_limit (container)"
+        if node.children is None:
+            return (f"{head}: no limit: {' > '.join(walked)} has no children for the "
+                    f"{len(entries) - i - 1} remaining entr(y/ies)")
+        level = node.children
+    return f"{head}: no limit"
+
+
+def _match(domain: Domain, entries: Sequence[tuple[str, str]]) -> list[Node] | None:
     if not entries:
         return None
     level = domain.root

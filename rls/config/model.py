@@ -157,6 +157,8 @@ class RateLimitConfig:
 
     domains: dict[str, Domain] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    # rls.config.errors.ConfigWarning: loads, but probably a mistake (an error with --strict)
+    warnings: list[Any] = field(default_factory=list)
 
     def all_limits(self) -> list[Limit]:
         out: list[Limit] = []

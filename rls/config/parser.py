@@ -8,14 +8,16 @@ are validated here too.
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from rls.config.errors import ConfigError
+from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.model import MAX_WINDOW_SECONDS, UNIT_SECONDS, Level, Limit, Node, Unit
 from rls.config.yaml_source import (
     YamlBool,
+    YamlMap,
     as_bool,
     as_list,
     as_str,
@@ -61,31 +63,103 @@ EXTENSION_KEYS = frozenset(
 VALID_KEYS = REFERENCE_KEYS | EXTENSION_KEYS
 
 
-def check_keys(file: str, obj: Any) -> None:
-    """The reference's generic pass: every map key at any depth must be a whitelisted string."""
+def did_you_mean(key: str) -> str | None:
+    """A hint for a misspelled config key (`requests_per_unti` -> `requests_per_unit`)."""
+    close = difflib.get_close_matches(key, sorted(VALID_KEYS), n=1, cutoff=0.6)
+    if not close:
+        folded = key.replace("_", "").replace("-", "").lower()
+        close = [k for k in sorted(VALID_KEYS) if k.replace("_", "") == folded]
+    return f"did you mean '{close[0]}'?" if close else None
+
+
+def line_of(mapping: Any, key: Any = None) -> int | None:
+    """Line of `key` in a mapping read by parse_yaml (or of the mapping itself); None if unknown."""
+    if isinstance(mapping, YamlMap):
+        return mapping.line_of(key) if key is not None else mapping.line
+    return None
+
+
+def node_part(raw: dict[Any, Any]) -> str:
+    """`key_value` (or `key`) of a descriptor node, for node paths in messages."""
+    key, value = raw.get("key"), raw.get("value")
+    key = render(key) if key is not None else ""
+    value = render(value) if value is not None else ""
+    key = key or "<no key>"
+    return f"{key}_{value}" if value else key
+
+
+def check_keys(file: str, obj: Any, warnings: list[ConfigWarning] | None = None) -> None:
+    """The reference's generic pass: every map key at any depth must be a whitelisted string.
+
+    Errors keep the reference's text and carry the line and node path; a key repeated in one
+    mapping (YAML keeps the last one silently) becomes a warning.
+    """
+    root = ""
+    if isinstance(obj, dict) and isinstance(obj.get("domain"), str):
+        root = obj["domain"]
+    _check_keys(file, obj, warnings, root, line_of(obj), in_descriptors=False)
+
+
+def _check_keys(
+    file: str,
+    obj: Any,
+    warnings: list[ConfigWarning] | None,
+    path: str,
+    line: int | None,
+    in_descriptors: bool,
+) -> None:
     if isinstance(obj, dict):
+        if in_descriptors:
+            path = f"{path}.{node_part(obj)}" if path else node_part(obj)
+        if warnings is not None and isinstance(obj, YamlMap):
+            for key, key_line in obj.duplicates:
+                warnings.append(
+                    ConfigWarning(
+                        file,
+                        f"key '{render(key)}' appears twice in one mapping; "
+                        "only the last one is used",
+                        key_line,
+                        path,
+                    )
+                )
         for k, v in obj.items():
+            k_line = line_of(obj, k)
             if not isinstance(k, str):
-                raise ConfigError(file, f"config error, key is not of type string: {render(k)}")
+                raise ConfigError(
+                    file, f"config error, key is not of type string: {render(k)}",
+                    line=k_line, node=path,
+                )
+            child = f"{path}.{k}" if path else k
             if k not in VALID_KEYS:
-                raise ConfigError(file, f"config error, unknown key '{k}'")
-            if k == "metadata":
-                continue  # arbitrary user data, not validated (reference behaviour)
-            if k == "usage_stats":
-                continue  # validated by parse_usage_stats
-            check_keys(file, v)
+                raise ConfigError(
+                    file, f"config error, unknown key '{k}'",
+                    line=k_line, node=child, hint=did_you_mean(k),
+                )
+            if k in ("metadata", "usage_stats"):
+                # metadata: arbitrary user data, not validated (reference behaviour);
+                # usage_stats: validated by parse_usage_stats.
+                continue
+            if k == "descriptors":
+                _check_keys(file, v, warnings, path, k_line, in_descriptors=True)
+            else:
+                _check_keys(file, v, warnings, child, k_line, in_descriptors=False)
     elif isinstance(obj, list):
-        for item in obj:
+        for index, item in enumerate(obj):
             if not isinstance(item, dict):
                 raise ConfigError(
                     file,
                     f"config error, yaml file contains list of type other than map: {render(item)}",
+                    line=line, node=path,
                 )
-            check_keys(file, item)
+            item_path = path if in_descriptors else f"{path}[{index}]"
+            _check_keys(file, item, warnings, item_path, line_of(item) or line, in_descriptors)
     elif obj is None or isinstance(obj, (str, bool, int, YamlBool)):
         return
     else:
-        raise ConfigError(file, "error checking config")
+        raise ConfigError(
+            file, "error checking config", line=line, node=path,
+            hint=f"{render(obj)} is not a string, integer or boolean",
+        )
 
 
 def parse_unit(text: str) -> Unit | None:
@@ -99,22 +173,32 @@ def parse_unit(text: str) -> Unit | None:
 class DomainParser:
     """Builds the node tree of one file into an existing domain root (merging allowed)."""
 
-    def __init__(self, file: str, domain: str) -> None:
+    def __init__(
+        self, file: str, domain: str, warnings: list[ConfigWarning] | None = None
+    ) -> None:
         self.file = file
         self.domain = domain
+        # Things that load but are probably mistakes; errors under --strict.
+        self.warnings: list[ConfigWarning] = [] if warnings is None else warnings
 
-    def fail(self, message: str) -> ConfigError:
-        return ConfigError(self.file, message)
+    def fail(self, message: str, field: str | None = None) -> ConfigError:
+        return ConfigError(self.file, message, field=field)
 
     def add_descriptors(self, level: Level, items: Any, parent_path: str) -> None:
         for raw in as_list(self.file, items, "descriptors"):
-            # Like the reference, a duplicate is reported before the node's own problems.
-            key = as_str(self.file, raw.get("key"), "key")
-            if key:
-                self._check_duplicate(
-                    level, key, as_str(self.file, raw.get("value"), "value"), parent_path
-                )
-            node = self._node(raw, parent_path)
+            try:
+                # Like the reference, a duplicate is reported before the node's own problems.
+                key = as_str(self.file, raw.get("key"), "key")
+                if key:
+                    self._check_duplicate(
+                        level, key, as_str(self.file, raw.get("value"), "value"), parent_path
+                    )
+                node = self._node(raw, parent_path)
+            except ConfigError as exc:
+                field = exc.field if exc.field in raw else None
+                raise exc.locate(
+                    line_of(raw, field), f"{parent_path}.{node_part(raw)}"
+                ) from None
             self._insert(level, node)
 
     def _check_duplicate(self, level: Level, key: str, value: str, parent_path: str) -> None:
@@ -148,11 +232,12 @@ class DomainParser:
         if share and "*" not in value:
             raise self.fail(
                 "share_threshold can only be used with wildcard values (containing '*'), "
-                f"but found key '{composite}'"
+                f"but found key '{composite}'",
+                field="share_threshold",
             )
         metadata = raw.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
-            raise self.fail("error parsing metadata: metadata must be a map")
+            raise self.fail("error parsing metadata: metadata must be a map", field="metadata")
         node = Node(
             key=key,
             value=value,
@@ -169,13 +254,32 @@ class DomainParser:
             specs.append(raw["rate_limit"])
         specs.extend(as_list(self.file, raw.get("rate_limits"), "rate_limits"))
         limits = []
+        single = raw.get("rate_limit") is not None
         for index, spec in enumerate(specs):
+            where = "rate_limit" if single and not index else f"rate_limits[{index - single}]"
             if not isinstance(spec, dict):
                 raise self.fail(
-                    "error loading config file: yaml: unmarshal errors: rate_limit must be a map"
+                    "error loading config file: yaml: unmarshal errors: rate_limit must be a map",
+                    field="rate_limit" if where == "rate_limit" else "rate_limits",
                 )
-            limits.append(self._limit(spec, path, shadow, quota, index))
+            try:
+                limits.append(self._limit(spec, path, shadow, quota, index))
+            except ConfigError as exc:
+                field = exc.field if exc.field in spec else None
+                raise exc.locate(line_of(spec, field), f"{path}.{where}") from None
+            if spec.get("requests_per_unit") is None and not limits[-1].unlimited:
+                self.warnings.append(
+                    ConfigWarning(
+                        self.file,
+                        "rate_limit without requests_per_unit: the limit is 0, "
+                        "every request is over it",
+                        line_of(spec),
+                        f"{path}.{where}",
+                    )
+                )
         self._check_limit_set(limits, path)
+        if len(limits) > 1:
+            distinct_metric_keys(limits, path)
         node.limits = tuple(limits)
         child_items = raw.get("descriptors")
         if child_items:
@@ -204,18 +308,18 @@ class DomainParser:
         unit = parse_unit(unit_text)
         if unlimited:
             if unit is not None:
-                raise self.fail("should not specify rate limit unit when unlimited")
+                raise self.fail("should not specify rate limit unit when unlimited", "unit")
             unit = Unit.UNKNOWN
         elif unit is None:
-            raise self.fail(f"invalid rate limit unit '{unit_text}'")
+            raise self.fail(f"invalid rate limit unit '{unit_text}'", "unit")
         name = as_str(f, spec.get("name"), "name")
         replaces: set[str] = set()
         for entry in as_list(f, spec.get("replaces"), "replaces"):
             rname = as_str(f, entry.get("name"), "name") if isinstance(entry, dict) else ""
             if not rname:
-                raise self.fail("should not have an empty replaces entry")
+                raise self.fail("should not have an empty replaces entry", "replaces")
             if rname == name:
-                raise self.fail("replaces should not contain name of same descriptor")
+                raise self.fail("replaces should not contain name of same descriptor", "replaces")
             replaces.add(rname)
         algorithm = as_str(f, spec.get("algorithm"), "algorithm") or "fixed_window"
         if algorithm not in ALGORITHMS:
@@ -293,6 +397,22 @@ class DomainParser:
 
 
 BURST_ALGORITHMS = ("token_bucket", "leaky_bucket", "gcra")
+
+
+def distinct_metric_keys(limits: list[Limit], path: str) -> None:
+    """Several limits on one node (`rate_limits:`) must not share one metric series: each gets
+    `path.<name>`, or `path.<N><unit>[_<algorithm>]` (`d.user.1second`, `d.user.1day`)."""
+    seen: set[str] = set()
+    for lim in limits:
+        suffix = lim.name or f"{lim.unit_multiplier}{lim.unit.name.lower()}"
+        if not lim.name and lim.algorithm != "fixed_window":
+            suffix += f"_{lim.algorithm}"
+        if lim.calendar and not lim.name:
+            suffix += "_calendar"
+        if suffix in seen:
+            suffix += f"_{lim.index}"
+        seen.add(suffix)
+        lim.full_key = f"{path}.{suffix}"
 
 
 _WILDCARD_CACHE: dict[str, re.Pattern[str]] = {}

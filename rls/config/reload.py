@@ -3,7 +3,8 @@
 Polling (default every second) sees every kind of change the same way: edits, added and
 removed files, and Kubernetes ConfigMap updates, which swap a `..data` symlink rather than
 touch the visible files (the fingerprint follows symlinks to their targets). A failed load
-keeps the previous config, logs `file: message` and counts it.
+keeps the previous config, logs `file: message (at file:line, node …); keeping previous
+config` and counts it. Without `allow_empty`, a load with zero domains is such an error too.
 """
 
 from __future__ import annotations
@@ -51,8 +52,13 @@ class ConfigHolder:
         metrics: Metrics,
         merge_domains: bool = False,
         on_change: Callable[[RateLimitConfig], None] | None = None,
+        *,
+        strict: bool = False,
+        allow_empty: bool = True,
     ) -> None:
         self.paths = paths
+        self.strict = strict  # config warnings fail the load
+        self.allow_empty = allow_empty  # False: a load with zero domains is an error
         self.metrics = metrics
         self.merge_domains = merge_domains
         self.on_change = on_change
@@ -71,12 +77,23 @@ class ConfigHolder:
         self._fingerprint = fp
         try:
             config = load_paths(self.paths, self.merge_domains)
+            for warning in config.warnings:
+                log.warning("%s", warning)
+            if self.strict and config.warnings:
+                raise config.warnings[0].as_error()
+            if not config.domains and not self.allow_empty:
+                raise ConfigError(
+                    ", ".join(self.paths) or "(no --config)",
+                    "no domain loaded (0 descriptor files); "
+                    "--allow-empty-config permits an empty config",
+                )
         except ConfigError as exc:
             self.last_error = str(exc)
             self.metrics.config_loads.labels("error").inc()
             self.metrics.config_error.labels(exc.file).set(1)
             self._error_files.add(exc.file)
-            log.error("error loading new configuration: %s", exc)
+            keeping = "; keeping previous config" if self.config is not None else ""
+            log.error("error loading new configuration: %s%s", exc.detail(), keeping)
             return False
         self.config = config
         for file in self._error_files:  # set to 0, not cleared: works in multiprocess mode too
@@ -101,6 +118,10 @@ class ConfigHolder:
             await asyncio.sleep(interval)
             try:
                 if self.changed():
+                    # Name what changed (edited, added or removed files) before reloading.
+                    now = set(fingerprint(self.paths))
+                    changed = sorted({item[0] for item in now ^ set(self._fingerprint)})
+                    log.info("config change detected: %s", ", ".join(changed) or "(unknown)")
                     self.reload()
             except Exception:  # a reload bug must never stop reloading for good
                 log.exception("config reload failed unexpectedly; keeping the old config")

@@ -42,6 +42,21 @@ class YamlBool:
         return self.raw
 
 
+class YamlMap(dict):  # type: ignore[type-arg]
+    """A mapping that remembers where it is: its line, each key's line, and repeated keys.
+
+    Config errors point at `file:line`; a key given twice in one mapping (YAML keeps the last
+    one silently) is reported as a warning by the parser.
+    """
+
+    line: int = 0
+    key_lines: dict[Any, int]
+    duplicates: list[tuple[Any, int]]
+
+    def line_of(self, key: Any) -> int:
+        return self.key_lines.get(key, self.line) if hasattr(self, "key_lines") else self.line
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader resolving scalars like the reference's yaml.v2: timestamps stay strings,
     `1e3` is a float, and ints and bools keep their text for string fields."""
@@ -59,9 +74,36 @@ class _Loader(yaml.SafeLoader):
     def construct_yaml_bool(self, node: yaml.ScalarNode) -> YamlBool:  # type: ignore[override]
         return YamlBool(super().construct_yaml_bool(node), node.value)
 
+    def construct_yaml_map(self, node: yaml.MappingNode) -> Any:  # type: ignore[override]
+        data = YamlMap()
+        data.line = node.start_mark.line + 1
+        data.key_lines = {}
+        data.duplicates = []
+        yield data
+        own = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+        self.flatten_mapping(node)  # `<<` merges: merged keys first, own keys override them
+        set_by_own: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=False)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    "found unhashable key", key_node.start_mark,
+                ) from None
+            line = key_node.start_mark.line + 1
+            if id(key_node) in own:
+                if key in set_by_own:
+                    data.duplicates.append((key, line))
+                set_by_own.add(key)
+            data[key] = self.construct_object(value_node, deep=False)
+            data.key_lines[key] = line
+
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.add_constructor("tag:yaml.org,2002:bool", _Loader.construct_yaml_bool)
+_Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_yaml_map)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+[eE][-+]?[0-9]+$"), list("-+0123456789")
 )
@@ -117,7 +159,9 @@ def as_str(file: str, value: Any, field: str) -> str:
     if isinstance(value, (str, int)):
         return str(value)
     raise ConfigError(
-        file, f"error loading config file: yaml: unmarshal errors: cannot unmarshal {field}"
+        file,
+        f"error loading config file: yaml: unmarshal errors: cannot unmarshal {field}",
+        field=field,
     )
 
 
@@ -132,6 +176,7 @@ def as_bool(file: str, value: Any, field: str) -> bool:
         file,
         "error loading config file: yaml: unmarshal errors: "
         f"cannot unmarshal {render(value)!r} into bool field '{field}'",
+        field=field,
     )
 
 
@@ -143,6 +188,7 @@ def as_uint(file: str, value: Any, field: str, maximum: int = UINT32_MAX) -> int
             file,
             "error loading config file: yaml: unmarshal errors: "
             f"cannot unmarshal {render(value)!r} into unsigned integer field '{field}'",
+            field=field,
         )
     return value
 
@@ -155,5 +201,6 @@ def as_list(file: str, value: Any, field: str) -> list[Any]:
             file,
             "error loading config file: yaml: unmarshal errors: "
             f"cannot unmarshal {type(value).__name__} into list field '{field}'",
+            field=field,
         )
     return value

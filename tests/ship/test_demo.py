@@ -6,6 +6,8 @@
 - interactive: it prints the curl commands with the config's API keys, serves until SIGINT
   (Ctrl-C), then stops Envoy, rls and the backend (their ports are free again), exit 0.
 - clear failures: no Envoy binary, a port in use — exit 2 with a message saying what to do.
+
+Everything runs through the installed `rls demo` command (not `python -m rls.demo`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from rls.demo import DemoError, find_envoy
 
 from .helpers import ROOT
 
-DEMO = [sys.executable, "-m", "rls.demo"]
+# Through the installed `rls` command, as the README says (flags must reach the demo).
+DEMO = [str(Path(sys.executable).parent / "rls"), "demo"]
 
 
 def run_demo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -46,6 +49,22 @@ def test_smoke_mode_passes_on_free_ports():
     assert "smoke test passed" in done.stdout
     assert "FAIL" not in done.stdout
     assert "scenario-payments.yaml" in done.stdout, "all descriptor files of config/ loaded"
+
+
+def test_cache_mode_smoke_rewrites_gateway_cache_ports_and_serves_a_hit():
+    done = run_demo("--cache", "--smoke", "--free-ports")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "response cache cache.yaml" in done.stdout
+    assert "ok   cache: a repeated GET /items is answered from rls's cache" in done.stdout
+    assert "smoke test passed" in done.stdout
+
+
+def test_help_lists_the_demo_options_through_rls():
+    done = subprocess.run([*DEMO, "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: rls demo")
+    for option in ("--smoke", "--free-ports", "--cache", "--envoy-config"):
+        assert option in done.stdout
 
 
 def test_interactive_mode_prints_curl_commands_and_stops_everything_on_ctrl_c(tmp_path: Path):
