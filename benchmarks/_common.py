@@ -270,7 +270,7 @@ class FailureModeAnswers:
     """Calls of a measured run that the store did not decide: answered by the failure mode
     (allow / deny / fallback), refused by rls (UNAVAILABLE / RESOURCE_EXHAUSTED) or failed
     with a gRPC error. A throughput or latency figure with any of them is invalid: it counts
-    answers that are not decisions (DESIGN §11)."""
+    answers that are not decisions."""
 
     count: int
     breakdown: dict[str, int] = field(default_factory=dict)
@@ -358,7 +358,7 @@ def verify_rls_run(rls: RlsProc, before: Samples, total: int, slack: int, label:
 
 def target_result(what: str, measured: float | None, passed: bool,
                   fm: FailureModeAnswers | None = None, note: str = "") -> dict[str, Any]:
-    """One goal of DESIGN §11: PASS only when met by a valid figure (0 failure-mode answers)."""
+    """One performance goal: PASS only when met by a valid figure (0 failure-mode answers)."""
     why = note
     if fm is not None and not fm.valid:
         passed = False
@@ -368,7 +368,7 @@ def target_result(what: str, measured: float | None, passed: bool,
 
 
 def print_targets(targets: Sequence[dict[str, Any]],
-                  title: str = "DESIGN §11 targets (PASS needs 0 failure-mode answers)") -> str:
+                  title: str = "performance targets (PASS needs 0 failure-mode answers)") -> str:
     print()
     return table(["target", "measured", "result", "why"],
                  [[t["target"], t["measured"], t["result"], t["why"] or "-"] for t in targets],

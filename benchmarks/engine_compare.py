@@ -14,7 +14,7 @@ Modes: `sequential` (one call at a time: latency-bound) and `concurrent` (`--tas
 tasks sharing the client). Reported: decisions/s (median of rounds), rls / best library (by
 decisions/s), and for rls and that best library the CPU µs per decision of this process
 (process CPU time / decisions: the cost on the one core) and of redis-server (INFO cpu). Algorithms
-without an equivalent in a library are left blank there. DESIGN §11 target: rls >= 2x the best
+without an equivalent in a library are left blank there. performance target: rls >= 2x the best
 library on the same algorithm.
 
 rls's engine runs with its production defaults (Settings(), RedisBackend's default deadline).

@@ -21,7 +21,7 @@ Envoy's failure_mode_deny: false let the request through: `failure_mode_allowed`
 rls runs with its production defaults (`--rls-arg` adds `rls serve` arguments).
 Variants run interleaved for `--rounds` rounds (median req/s).
 
-DESIGN §11 targets (per-request mode): rls memory >= 0.50 x and rls Redis >= 0.40 x Envoy
+performance targets (per-request mode): rls memory >= 0.50 x and rls Redis >= 0.40 x Envoy
 without limiting, with 0 failure-mode answers.
 
     python benchmarks/envoy_e2e.py [--quick] [--duration 5] [--rounds 2] [--connections 8]

@@ -13,7 +13,7 @@ its run (rls_failure_mode_answers_total + rls_request_errors_total, scraped befo
 a point with any is marked INVALID (a fail-open answer is fast and not a decision) and fails
 its target. rls runs with its production defaults (`--rls-arg` adds `rls serve` arguments).
 
-DESIGN §11 targets: p99 under 5 ms at half of peak; mean under 1 ms at 1,000 calls/s.
+performance targets: p99 under 5 ms at half of peak; mean under 1 ms at 1,000 calls/s.
 
     python benchmarks/latency_at_load.py [--quick] [--duration 10] [--rates 1000,half]
 """

@@ -2,7 +2,7 @@
 
 All three servers run in the same run on the same machine; rounds are interleaved (the order
 rotates each round) so machine noise hits every target alike. Throughput is h2load's req/s,
-median over rounds; ratios are rls / floor (DESIGN §11: >= 0.95 memory, >= 0.80 Redis, with 0
+median over rounds; ratios are rls / floor (targets: >= 0.95 memory, >= 0.80 Redis, with 0
 failure-mode answers).
 
 Request: the 3-descriptor request Envoy sends for `GET /items?page=1` (user+path, api+user,

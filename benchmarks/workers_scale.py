@@ -6,7 +6,7 @@ opens `--clients` connections (default 8, enough for an even spread); the CPU ti
 process used during the runs is reported to show the split. If `--workers` is not supported
 (rls exits with an error) or starts no extra processes, that is reported instead of a ratio.
 
-DESIGN §11 target: 2 workers >= 1.8x one worker where the cores exist. Note the cores: on a
+performance target: 2 workers >= 1.8x one worker where the cores exist. Note the cores: on a
 2-core machine h2load and redis-server share them with the workers.
 
 Every figure carries the calls answered by the failure mode in its measured runs
