@@ -161,11 +161,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     app = build_app(settings)
     pauses = PauseRecorder(lambda gen, s: app.metrics.gc_pause.labels(str(gen)).observe(s))
     pauses.install()
-    on_config = app.holder.on_change
+    clear_caches = app.holder.on_change
 
-    def config_changed(config: object) -> None:
-        if on_config is not None:
-            on_config(config)
+    def config_changed(config: RateLimitConfig) -> None:
+        if clear_caches is not None:
+            clear_caches(config)
         # The new config's objects: out of the collector's walk.
         app.metrics.gc_frozen.set(freeze_startup_objects())
 

@@ -37,7 +37,7 @@ class Settings:
     # filter timeout as the gRPC deadline, and that is used instead, less deadline_margin_ms).
     # Time this process itself lags (GC, CPU contention) is not counted: see engine/budget.py.
     backend_timeout_ms: int = 50
-    deadline_margin_ms: int = 2  # kept from the caller's deadline for answering
+    deadline_margin_ms: int = 3  # kept from the caller's deadline for answering (or 10 %)
     # A call still undecided after this long (wall clock) means rls is overloaded: UNAVAILABLE.
     overload_cap_ms: int = 1000
     max_inflight: int = 4096  # concurrent decisions per process; beyond: RESOURCE_EXHAUSTED

@@ -356,6 +356,8 @@ class RateLimiter:
         settings = self.settings
         budget = settings.backend_timeout_ms / 1000 if budget_s is None else budget_s
         cap = settings.overload_cap_ms / 1000
+        if budget_s is not None:  # the caller's deadline is wall-clock: never answer past it
+            cap = min(cap, budget_s)
         # With our own budget (no caller deadline), a store that used it is asked directly
         # before the call is given up: only a failed probe is evidence of a slow store.
         probe = getattr(backend, "check_health", None) if budget_s is None else None
