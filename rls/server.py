@@ -23,6 +23,7 @@ from rls.config.reload import ConfigHolder
 from rls.engine.limiter import RateLimiter
 from rls.metrics import Metrics
 from rls.services.health import create_health, set_serving
+from rls.services.quota import QuotaService
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
 from rls.workers import shared_dir
@@ -89,7 +90,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     except BackendError as exc:
         log.warning("%s (failure mode %s applies until it answers)", exc, settings.failure_mode)
 
-    handlers = [app.service.handler()]
+    quota = QuotaService(app.holder.current, app.backend, settings, app.metrics.registry)
+    handlers = [app.service.handler(), quota.handler()]
     cache = None
     # grpc's own cap sits above ours, so an oversized request gets rls's INVALID_ARGUMENT with
     # a message rather than grpc's RESOURCE_EXHAUSTED; beyond it grpc still protects memory.
