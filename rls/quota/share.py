@@ -85,6 +85,21 @@ def initial_target(ledgers: Sequence[Ledger]) -> int:
     return max(1, target)
 
 
+def paced(room: int, reset_ms: int) -> int:
+    """The part of a window's room one stream may take now: the room spread evenly over
+    what is left of the window, one horizon's worth (all of it in the last horizon).
+
+    So the first stream to report after a reset cannot take the whole window, admissions are
+    spread over the window, and streams with demand above their pace get equal shares.
+    """
+    if room <= 0:
+        return 0
+    horizon_ms = HORIZON_S * 1000
+    if reset_ms <= horizon_ms:
+        return room
+    return max(1, math.ceil(room * horizon_ms / reset_ms))
+
+
 def demand_target(requests: int, elapsed_s: float) -> int:
     """Tokens covering `requests` seen over `elapsed_s`, projected over one horizon."""
     if elapsed_s <= 0:
@@ -197,7 +212,7 @@ class Dealer:
         if not active:
             return Grant(target, 0)
         base = {i: 0 if on_top else ledgers[i].reserved for i in active}
-        grant = min([target] + [base[i] + rooms[i] for i in active])
+        grant = min([target] + [base[i] + paced(rooms[i], outcomes[i].reset_ms) for i in active])
         grant = max(grant, 0)
         for _ in range(GRANT_RETRIES):
             checks: list[Check] = []
@@ -220,13 +235,15 @@ class Dealer:
                 break
             # Another process took part of the room meanwhile: releases went through,
             # charges did not. Shrink the grant to what the charges could still get.
-            smaller = grant
-            for i, check, out in zip(which, checks, outs, strict=True):
+            short: list[int] = []
+            for i, check in zip(which, checks, strict=True):
                 if check.flags & NEGATIVE:
                     ledgers[i].reserved = grant
                     base[i] = grant
                 else:
-                    smaller = min(smaller, base[i] + out.remaining)
+                    short.append(i)
+            _, peeks = await self._call([self._check(ledgers[i], 0, 0, now) for i in short])
+            smaller = min(base[i] + out.remaining for i, out in zip(short, peeks, strict=True))
             grant = max(0, min(smaller, grant - 1))
         else:
             grant = 0

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, RlsProcess, http_get, wait_until
 from e2e.harness import (
     ADMIN_PORT,

@@ -9,7 +9,6 @@ plus what Envoy admits before rls has answered at all (one request per new bucke
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 
