@@ -71,7 +71,7 @@ class QuotaRig:
         http_port = free_port()
         cmd = [sys.executable, "-m", "rls", "serve", "--config", str(config),
                "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
-               "--shutdown-delay-ms", "0"]
+               "--shutdown-delay-ms", "0", "--drain-seconds", "0.5"]
         if redis_url:
             cmd += ["--redis-url", redis_url]
         log_path = self.tmp_path / f"rls-{len(self.started_rls)}.log"

@@ -229,6 +229,6 @@ def test_rls_restart_mid_traffic_neither_double_counts_nor_loses_the_limit(
     # Windows that start once Envoy is back on the new rls (it reconnects at its next 5 s
     # tick) get the whole limit: usage the old rls charged is not charged again.
     after = [w for w in full_windows(results, 6) if w * 6 >= restarted[0] + 5]
-    assert after, per
+    assert after, (per, restarted, results[0][0])
     for w in after:
         assert per[w] >= 8 - 1, (w, per)
