@@ -44,6 +44,7 @@ REPORT_CADENCE_S = 5.0  # Envoy 1.40 reports every 5 s whatever reporting_interv
 HORIZON_S = 7.5
 WINDOW_TOLERANCE_MS = 500  # a reported reset later than this past the known end = new window
 GRANT_RETRIES = 3
+IDLE_SHARE_DIVISOR = 4
 
 
 @dataclass(slots=True)
@@ -212,7 +213,12 @@ class Dealer:
         if not active:
             return Grant(target, 0)
         base = {i: 0 if on_top else ledgers[i].reserved for i in active}
-        grant = min([target] + [base[i] + paced(rooms[i], outcomes[i].reset_ms) for i in active])
+        pace = {i: paced(rooms[i], outcomes[i].reset_ms) for i in active}
+        # Never less than a quarter of the pace, whatever the last report's demand: a bucket
+        # idle for a while and then busy must not be held to a token or two until its next
+        # report when the limit has plenty of room (it costs nothing when room is scarce).
+        floor = min(math.ceil(pace[i] / IDLE_SHARE_DIVISOR) for i in active)
+        grant = min([max(target, floor)] + [base[i] + pace[i] for i in active])
         grant = max(grant, 0)
         for _ in range(GRANT_RETRIES):
             checks: list[Check] = []

@@ -155,3 +155,11 @@ def test_bucket_key_is_the_should_rate_limit_key() -> None:
     store = MemoryBackend(clock=clock, sweep_interval=0)
     assert run(Dealer(store, 100, clock).report([Ledger(limit, key)], 0, 9, 0, False)).tokens == 3
     assert used(store, limit, key) == 3
+
+
+def test_idle_bucket_gets_a_quarter_of_the_pace_when_the_limit_has_room() -> None:
+    clock, store, limit = setup(rpu=1000, multiplier=60)
+    dealer = Dealer(store, 100, clock)
+    # Demand seen in the last report was nil (target 1); the window has room for 1000.
+    grant = run(dealer.report([Ledger(limit, "k")], 0, 1, 0, False))
+    assert grant.tokens == 32  # ceil(ceil(1000 * 7.5 / 60) / 4)
