@@ -45,6 +45,7 @@ HORIZON_S = 7.5
 WINDOW_TOLERANCE_MS = 500  # a reported reset later than this past the known end = new window
 GRANT_RETRIES = 3
 IDLE_SHARE_DIVISOR = 4
+MAX_TOKENS = 2**32 - 1  # TokenBucket.max_tokens is a uint32
 
 
 @dataclass(slots=True)
@@ -58,6 +59,8 @@ class Ledger:
     end_ms: int = 0  # local-clock end of the window `reserved` was charged in (0: unknown)
     old_left: int = 0  # reservation left in the previous window at the last window push
     pushed_at_ms: int = 0  # when that push happened
+    mine: int = 0  # net hits this ledger put into the counter's current window
+    shared: bool = False  # the counter holds more than `mine`: others use it too
 
     @property
     def shadow(self) -> bool:
@@ -87,8 +90,8 @@ def initial_target(ledgers: Sequence[Ledger]) -> int:
 
 
 def paced(room: int, reset_ms: int) -> int:
-    """The part of a window's room one stream may take now: the room spread evenly over
-    what is left of the window, one horizon's worth (all of it in the last horizon).
+    """The part of a shared counter's room one stream may take now: the room spread evenly
+    over what is left of the window, one horizon's worth (all of it in the last horizon).
 
     So the first stream to report after a reset cannot take the whole window, admissions are
     spread over the window, and streams with demand above their pace get equal shares.
@@ -142,7 +145,7 @@ class Dealer:
         self,
         ledgers: Sequence[Ledger],
         allowed: int,
-        target: int,
+        target: int | None,
         last_report_ms: int,
         resumed: bool,
     ) -> Grant:
@@ -150,7 +153,7 @@ class Dealer:
 
         `resumed`: the bucket arrives on a new stream with usage (rls restarted, Envoy
         reconnected): that usage consumed a grant an earlier rls reserved, so it is not charged
-        again.
+        again. `target` None: demand unknown (a new bucket).
         """
         now = self.now_ms()
         kept: list[int] = []
@@ -170,11 +173,14 @@ class Dealer:
             forced = max(0, -held)
             checks.append(self._check(ledger, forced, CHARGE_ALWAYS if forced else 0, now))
         _, outcomes = await self._call(checks)
-        for ledger, held, out in zip(ledgers, kept, outcomes, strict=True):
+        for ledger, held, out, check in zip(ledgers, kept, outcomes, checks, strict=True):
             end = now + out.reset_ms
             if ledger.end_ms and end > ledger.end_ms + WINDOW_TOLERANCE_MS:
                 held = 0  # the reservation was charged in a window that has ended
+                ledger.mine = 0
             ledger.reserved, ledger.end_ms, ledger.old_left = held, end, 0
+            ledger.shared = out.used > ledger.mine
+            ledger.mine += check.hits
         rooms = [out.remaining for out in outcomes]
         return await self._grant(ledgers, outcomes, rooms, target, now, on_top=False)
 
@@ -191,11 +197,12 @@ class Dealer:
                 continue
             if ledger.end_ms and now >= ledger.end_ms:
                 ledger.old_left, ledger.pushed_at_ms = ledger.reserved, now
-                ledger.reserved = 0
+                ledger.reserved = ledger.mine = 0
         checks = [self._check(ledger, 0, 0, now) for ledger in ledgers]
         _, outcomes = await self._call(checks)
         for ledger, out in zip(ledgers, outcomes, strict=True):
             ledger.end_ms = now + out.reset_ms
+            ledger.shared = out.used > ledger.mine
         rooms = [out.remaining for out in outcomes]
         return await self._grant(ledgers, outcomes, rooms, target, now, on_top=True)
 
@@ -204,21 +211,30 @@ class Dealer:
         ledgers: Sequence[Ledger],
         outcomes: list[Outcome],
         rooms: list[int],
-        target: int,
+        target: int | None,
         now: int,
         on_top: bool,
     ) -> Grant:
-        """Move every enforcing ledger to the grant G (or add G with `on_top`)."""
+        """Move every enforcing ledger to the grant G (or add G with `on_top`).
+
+        A counter only this ledger uses gives its whole room (a lone client may burst as with
+        ShouldRateLimit); a shared one is paced (see `paced`).
+        """
         active = [i for i, ledger in enumerate(ledgers) if not ledger.shadow]
         if not active:
-            return Grant(target, 0)
+            return Grant(MAX_TOKENS, 0)
         base = {i: 0 if on_top else ledgers[i].reserved for i in active}
-        pace = {i: paced(rooms[i], outcomes[i].reset_ms) for i in active}
+        pace = {
+            i: paced(rooms[i], outcomes[i].reset_ms) if ledgers[i].shared else rooms[i]
+            for i in active
+        }
+        if target is None:  # demand unknown: as much as the pace allows
+            target = min(pace.values())
         # Never less than a quarter of the pace, whatever the last report's demand: a bucket
         # idle for a while and then busy must not be held to a token or two until its next
         # report when the limit has plenty of room (it costs nothing when room is scarce).
         floor = min(math.ceil(pace[i] / IDLE_SHARE_DIVISOR) for i in active)
-        grant = min([max(target, floor)] + [base[i] + pace[i] for i in active])
+        grant = min([max(target, floor), MAX_TOKENS] + [base[i] + pace[i] for i in active])
         grant = max(grant, 0)
         for _ in range(GRANT_RETRIES):
             checks: list[Check] = []
@@ -233,6 +249,9 @@ class Dealer:
                 break
             admitted, outs = await self._call(checks)
             if admitted:
+                for i, check in zip(which, checks, strict=True):
+                    signed = -check.hits if check.flags & NEGATIVE else check.hits
+                    ledgers[i].mine = max(0, ledgers[i].mine + signed)
                 for i in active:
                     ledgers[i].reserved = ledgers[i].reserved + grant if on_top else grant
                 outcomes = list(outcomes)
@@ -244,6 +263,7 @@ class Dealer:
             short: list[int] = []
             for i, check in zip(which, checks, strict=True):
                 if check.flags & NEGATIVE:
+                    ledgers[i].mine = max(0, ledgers[i].mine - check.hits)
                     ledgers[i].reserved = grant
                     base[i] = grant
                 else:
@@ -262,6 +282,7 @@ class Dealer:
                 if releases:
                     await self._call(releases)
                 for i in active:
+                    ledgers[i].mine = max(0, ledgers[i].mine - ledgers[i].reserved)
                     ledgers[i].reserved = 0
         reset = max(
             (outcomes[i].reset_ms for i in active if base[i] + rooms[i] <= grant),

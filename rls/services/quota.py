@@ -265,15 +265,16 @@ class QuotaStream:
                 continue
             elapsed = usage.time_elapsed.seconds + usage.time_elapsed.nanos / 1e9
             resumed = new and elapsed > 0
+            target: int | None
             if new and not resumed:
-                bucket.target = initial_target(bucket.ledgers)
+                bucket.target, target = initial_target(bucket.ledgers), None
             else:
                 span = elapsed if new else (now - bucket.last_report_ms) / 1000
-                bucket.target = demand_target(allowed + denied, span)
+                bucket.target = target = demand_target(allowed + denied, span)
             last = bucket.last_report_ms
             bucket.last_report_ms = now
             jobs.append((bucket, self.dealer.report(
-                bucket.ledgers, allowed, bucket.target, last, resumed
+                bucket.ledgers, allowed, target, last, resumed
             )))
         await self._deal(jobs, dom, response)
         self._evict(now)

@@ -141,8 +141,22 @@ def test_grants_are_paced_over_the_rest_of_a_long_window() -> None:
     assert paced(100, 7_000) == 100  # the last horizon takes everything
     assert paced(0, 60_000) == 0
     clock, store, limit = setup(rpu=100, multiplier=60)
+    store.decide_now([Check(0, limit, "k", 4)])  # another stream (or ShouldRateLimit) uses it
     grant = run(Dealer(store, 100, clock).report([Ledger(limit, "k")], 0, 80, 0, False))
-    assert grant.tokens == 13
+    assert grant.tokens == 12  # ceil(96 * 7.5 / 60)
+
+
+def test_a_counter_only_this_stream_uses_is_not_paced() -> None:
+    clock, store, limit = setup(rpu=100, multiplier=60)
+    dealer = Dealer(store, 100, clock)
+    ledger = [Ledger(limit, "k")]
+    # New bucket, demand unknown: the whole room, as ShouldRateLimit would admit a burst.
+    assert run(dealer.report(ledger, 1, None, 0, False)).tokens == 99
+    assert not ledger[0].shared
+    clock.now += 2
+    # Known demand: 7.5 s worth of it.
+    assert run(dealer.report(ledger, 10, 40, 0, False)).tokens == 40
+    assert used(store, limit) == 1 + 10 + 40
 
 
 def test_bucket_key_is_the_should_rate_limit_key() -> None:
@@ -159,7 +173,8 @@ def test_bucket_key_is_the_should_rate_limit_key() -> None:
 
 def test_idle_bucket_gets_a_quarter_of_the_pace_when_the_limit_has_room() -> None:
     clock, store, limit = setup(rpu=1000, multiplier=60)
+    store.decide_now([Check(0, limit, "k", 40)])  # shared with another stream
     dealer = Dealer(store, 100, clock)
-    # Demand seen in the last report was nil (target 1); the window has room for 1000.
+    # Demand seen in the last report was nil (target 1); the window has room for 960.
     grant = run(dealer.report([Ledger(limit, "k")], 0, 1, 0, False))
-    assert grant.tokens == 32  # ceil(ceil(1000 * 7.5 / 60) / 4)
+    assert grant.tokens == 30  # ceil(ceil(960 * 7.5 / 60) / 4)
