@@ -60,7 +60,22 @@ class Ledger:
     old_left: int = 0  # reservation left in the previous window at the last window push
     pushed_at_ms: int = 0  # when that push happened
     mine: int = 0  # net hits this ledger put into the counter's current window
-    shared: bool = False  # the counter holds more than `mine`: others use it too
+    shared_until_ms: int = 0  # others used the counter recently (see `observe`)
+
+    @property
+    def shared(self) -> bool:
+        return self.shared_until_ms > 0
+
+    def observe(self, used: int, now_ms: int) -> None:
+        """Note whether the counter holds more than this ledger put in: others use it too.
+
+        Remembered for two windows (at least 15 s), so right after a reset, when the new
+        window is still empty, a counter known to be shared is still dealt as shared.
+        """
+        if used > self.mine:
+            self.shared_until_ms = now_ms + max(2 * self.limit.window_ms, 15_000)
+        elif now_ms >= self.shared_until_ms:
+            self.shared_until_ms = 0
 
     @property
     def shadow(self) -> bool:
@@ -179,7 +194,7 @@ class Dealer:
                 held = 0  # the reservation was charged in a window that has ended
                 ledger.mine = 0
             ledger.reserved, ledger.end_ms, ledger.old_left = held, end, 0
-            ledger.shared = out.used > ledger.mine
+            ledger.observe(out.used, now)
             ledger.mine += check.hits
         rooms = [out.remaining for out in outcomes]
         return await self._grant(ledgers, outcomes, rooms, target, now, on_top=False)
@@ -202,7 +217,7 @@ class Dealer:
         _, outcomes = await self._call(checks)
         for ledger, out in zip(ledgers, outcomes, strict=True):
             ledger.end_ms = now + out.reset_ms
-            ledger.shared = out.used > ledger.mine
+            ledger.observe(out.used, now)
         rooms = [out.remaining for out in outcomes]
         return await self._grant(ledgers, outcomes, rooms, target, now, on_top=True)
 

@@ -178,3 +178,13 @@ def test_idle_bucket_gets_a_quarter_of_the_pace_when_the_limit_has_room() -> Non
     # Demand seen in the last report was nil (target 1); the window has room for 960.
     grant = run(dealer.report([Ledger(limit, "k")], 0, 1, 0, False))
     assert grant.tokens == 30  # ceil(ceil(960 * 7.5 / 60) / 4)
+
+
+def test_a_counter_seen_shared_is_still_paced_right_after_the_reset() -> None:
+    clock, store, limit = setup(rpu=100, multiplier=60)
+    store.decide_now([Check(0, limit, "k", 4)])  # another stream uses the counter
+    dealer = Dealer(store, 100, clock)
+    ledger = [Ledger(limit, "k")]
+    run(dealer.report(ledger, 0, 1000, 0, False))
+    clock.now = T0 + 60.05  # new window: empty so far
+    assert run(dealer.push(ledger, target=1000)).tokens == 13  # ceil(100 * 7.5 / 59.95)
