@@ -193,6 +193,9 @@ class QuotaStream:
                     log.info("malformed RateLimitQuotaUsageReports ignored: %s", exc)
                     continue
                 await self.handle(message)
+        except Exception:
+            log.exception("quota stream (domain %r) failed; Envoy will reconnect", self.domain)
+            raise
         finally:
             self._out.put_nowait(None)
 

@@ -65,7 +65,7 @@ class QuotaRig:
 
     def rls(
         self, config: Path, grpc_port: int | None = None, redis_url: str = "",
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None, args: tuple[str, ...] = (),
     ) -> RlsProcess:
         grpc_port = grpc_port or free_port()
         http_port = free_port()
@@ -74,6 +74,7 @@ class QuotaRig:
                "--shutdown-delay-ms", "0", "--drain-seconds", "0.5"]
         if redis_url:
             cmd += ["--redis-url", redis_url]
+        cmd += list(args)
         log_path = self.tmp_path / f"rls-{len(self.started_rls)}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLS_")}
         full_env.update(env or {})

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 
+from conftest import start_redis
 from e2e.harness import Envoy, http_get_text, wait_for
 
 from .conftest import QuotaRig
@@ -232,3 +233,23 @@ def test_rls_restart_mid_traffic_neither_double_counts_nor_loses_the_limit(
     assert after, (per, restarted, results[0][0])
     for w in after:
         assert per[w] >= 8 - 1, (w, per)
+
+
+def test_dead_redis_follows_the_failure_mode(rig: QuotaRig) -> None:
+    redis = start_redis()
+    try:
+        rls = rig.rls(rig.descriptors(PER_CLIENT), redis_url=redis.url,
+                      args=("--failure-mode", "deny"))
+        envoy = rig.envoy(rls.grpc_port)
+        assert envoy.request("GET", "/api", headers={"x-client-id": "carol"}).status == 200
+        redis.stop()
+        # A new bucket: its first request passes before any answer (no_assignment_behavior),
+        # then rls answers the failure mode, DENY_ALL, for a few seconds.
+        wait_for(
+            lambda: envoy.request("GET", "/api", headers={"x-client-id": "dave"}).status == 429,
+            timeout=5, what="failure-mode deny for a bucket dealt while Redis is down",
+        )
+        assert rls_metric(rls.http_url, "rls_quota_errors_total", reason="backend") >= 1
+        assert rls_metric(rls.http_url, "rls_quota_assignments_total", action="deny_all") >= 1
+    finally:
+        redis.stop()

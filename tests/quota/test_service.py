@@ -126,3 +126,28 @@ def test_buckets_envoy_stopped_reporting_are_forgotten() -> None:
     stream._evict(stream.dealer.now_ms() + 60_000)
     assert not stream.buckets
     assert svc.metrics.buckets._value.get() == 0
+
+
+def test_thousands_of_buckets_in_one_report_are_all_answered() -> None:
+    svc = service()
+    stream = QuotaStream(svc)
+    actions = answer(stream, report(*(({"client": f"c{i}"}, 1, 0) for i in range(3000))))
+    assert len(actions) == 2 * 3000
+    assert svc.metrics.buckets._value.get() == 3000
+
+
+def test_buckets_beyond_the_per_stream_cap_get_the_failure_rule_without_state(
+    monkeypatch,
+) -> None:
+    import rls.services.quota as quota
+
+    monkeypatch.setattr(quota, "MAX_BUCKETS_PER_STREAM", 2)
+    svc = service(failure_mode="deny")
+    stream = QuotaStream(svc)
+    actions = answer(stream, report(*(({"client": f"c{i}"}, 0, 0) for i in range(3))))
+    assert len(stream.buckets) == 2
+    (capped,) = [a for a in actions if dict(a.bucket_id.bucket) == {"client": "c2"}]
+    last = capped.quota_assignment_action
+    assert last.rate_limit_strategy.blanket_rule == DENY_ALL
+    assert last.assignment_time_to_live.seconds == FAILURE_TTL_S
+    assert svc.metrics.errors.labels("bucket_cap")._value.get() == 1
