@@ -224,12 +224,17 @@ class QuotaStream:
         dom = config.domains.get(self.domain) if config is not None else None
         response = rlqs_pb2.RateLimitQuotaResponse()
         jobs = []
+        in_message: set[BucketKey] = set()
         for usage in message.bucket_quota_usages:
             items = dict(usage.bucket_id.bucket)
             if not items:
                 self.metrics.errors.labels("invalid").inc()
                 continue
             key: BucketKey = tuple(sorted(items.items()))
+            if key in in_message:  # Envoy lists a bucket once; a repeat would race itself
+                self.metrics.errors.labels("invalid").inc()
+                continue
+            in_message.add(key)
             bucket = self.buckets.get(key)
             new = bucket is None
             if bucket is None:
@@ -288,18 +293,23 @@ class QuotaStream:
         if not jobs:
             return
         results = await asyncio.gather(*(job for _, job in jobs), return_exceptions=True)
+        failed: BaseException | None = None
+        failures = 0
         for (bucket, _), result in zip(jobs, results, strict=True):
             if isinstance(result, Grant):
                 self._append_grant(response, bucket, result)
             elif isinstance(result, (BackendError, TimeoutError)):
+                failed, failures = result, failures + 1
                 self.metrics.errors.labels("backend").inc()
-                log.warning("quota: store failed, failure mode for %ss: %s", FAILURE_TTL_S,
-                            str(result) or type(result).__name__)
                 rule = self._failure_rule(dom)
                 response.bucket_action.append(_blanket(bucket.bucket_id, rule, FAILURE_TTL_S))
                 self._count_rule(rule)
             else:
                 raise result  # a bug: let grpc report it rather than answer wrongly
+        if failed is not None:  # one line per report, not per bucket
+            log.warning("quota: store failed for %d bucket(s) of domain %r, failure mode for "
+                        "%ss: %s", failures, self.domain, FAILURE_TTL_S,
+                        str(failed) or type(failed).__name__)
 
     def _append_grant(
         self, response: rlqs_pb2.RateLimitQuotaResponse, bucket: Bucket, grant: Grant
