@@ -96,6 +96,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     # grpc's own cap sits above ours, so an oversized request gets rls's INVALID_ARGUMENT with
     # a message rather than grpc's RESOURCE_EXHAUSTED; beyond it grpc still protects memory.
     max_message = settings.max_request_bytes * 4 + 65536
+    # An RLQS report lists every bucket of an Envoy (up to 20,000, ~80 bytes each).
+    max_message = max(max_message, 4 << 20)
     if settings.cache_config:
         try:
             extproc, cache = build_cache(

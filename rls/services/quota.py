@@ -62,6 +62,7 @@ FAILURE_TTL_S = 6  # store down: until just after the next report, which retries
 PUSH_DELAY_MS = 30  # after a window's end, so the store's clock is surely in the new window
 FORGET_AFTER_MS = int(3 * REPORT_CADENCE_S * 1000)  # Envoy lists every bucket it holds
 MAX_BUCKETS_PER_STREAM = 20_000
+RESPONSE_ACTIONS = 2_000  # per response message (~150 KB), whatever the report's size
 STORE_TIMEOUT_MS = 250  # off the request path: a report may wait longer than a decision
 
 ALLOW_ALL = ratelimit_strategy_pb2.RateLimitStrategy.ALLOW_ALL
@@ -393,7 +394,22 @@ class QuotaStream:
             self._forget(key)
 
     def _send(self, response: rlqs_pb2.RateLimitQuotaResponse) -> None:
-        self._out.put_nowait(response.SerializeToString())
+        """Queue the answer, in messages of at most ~RESPONSE_ACTIONS actions, never
+        splitting one bucket's actions (a blanket rule and its token bucket go together)."""
+        actions = response.bucket_action
+        if len(actions) <= RESPONSE_ACTIONS:
+            self._out.put_nowait(response.SerializeToString())
+            return
+        chunk = rlqs_pb2.RateLimitQuotaResponse()
+        for i, action in enumerate(actions):
+            if (
+                len(chunk.bucket_action) >= RESPONSE_ACTIONS
+                and action.bucket_id != actions[i - 1].bucket_id
+            ):
+                self._out.put_nowait(chunk.SerializeToString())
+                chunk = rlqs_pb2.RateLimitQuotaResponse()
+            chunk.bucket_action.append(action)
+        self._out.put_nowait(chunk.SerializeToString())
 
     # ------------------------------------------------------------------ window pushes
 

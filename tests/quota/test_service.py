@@ -128,11 +128,20 @@ def test_buckets_envoy_stopped_reporting_are_forgotten() -> None:
     assert svc.metrics.buckets._value.get() == 0
 
 
-def test_thousands_of_buckets_in_one_report_are_all_answered() -> None:
+def test_thousands_of_buckets_in_one_report_are_all_answered_in_bounded_messages() -> None:
     svc = service()
     stream = QuotaStream(svc)
-    actions = answer(stream, report(*(({"client": f"c{i}"}, 1, 0) for i in range(3000))))
+    asyncio.run(stream.handle(report(*(({"client": f"c{i}"}, 1, 0) for i in range(3000)))))
+    messages = []
+    while not stream._out.empty():
+        messages.append(rlqs_pb2.RateLimitQuotaResponse.FromString(stream._out.get_nowait()))
+    assert len(messages) == 3
+    actions = [a for m in messages for a in m.bucket_action]
     assert len(actions) == 2 * 3000
+    for m in messages:  # a bucket's blanket rule and token bucket stay in one message
+        assert len(m.bucket_action) % 2 == 0
+        assert all(m.bucket_action[i].bucket_id == m.bucket_action[i + 1].bucket_id
+                   for i in range(0, len(m.bucket_action), 2))
     assert svc.metrics.buckets._value.get() == 3000
 
 
