@@ -152,8 +152,14 @@ class Dealer:
 
     async def _call(self, checks: list[Check]) -> tuple[bool, list[Outcome]]:
         """One atomic step on the store (raises BackendError / TimeoutError)."""
-        async with asyncio.timeout(self.timeout):
-            verdict = await self.backend.decide(checks)
+        try:
+            async with asyncio.timeout(self.timeout):
+                verdict = await self.backend.decide(checks)
+        except TimeoutError:
+            suspect = getattr(self.backend, "suspect", None)  # stores with a health probe
+            if suspect is not None:
+                suspect()
+            raise
         return verdict.admitted, verdict.outcomes
 
     async def report(
