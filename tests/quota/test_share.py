@@ -188,3 +188,18 @@ def test_a_counter_seen_shared_is_still_paced_right_after_the_reset() -> None:
     run(dealer.report(ledger, 0, 1000, 0, False))
     clock.now = T0 + 60.05  # new window: empty so far
     assert run(dealer.push(ledger, target=1000)).tokens == 13  # ceil(100 * 7.5 / 59.95)
+
+
+def test_calendar_and_overdraft_limits_are_dealt_from_their_own_windows() -> None:
+    clock = Clock()
+    store = MemoryBackend(clock=clock, sweep_interval=0)
+    dealer = Dealer(store, 100, clock)
+    day = Limit(requests_per_unit=50, unit=Unit.DAY, calendar=True, timezone="Asia/Shanghai",
+                full_key="d.day")
+    borrow = Limit(requests_per_unit=10, unit=Unit.SECOND, unit_multiplier=5, overdraft=5,
+                   full_key="d.borrow")
+    grant = run(dealer.report([Ledger(day, "day")], 0, None, 0, False))
+    assert grant.tokens == 50
+    # Reset at the next Shanghai midnight (UTC+8), not at the UTC day boundary.
+    assert grant.reset_ms == 86_400_000 - (T0 * 1000 + 8 * 3_600_000) % 86_400_000
+    assert run(dealer.report([Ledger(borrow, "b")], 0, None, 0, False)).tokens == 15
