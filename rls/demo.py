@@ -5,6 +5,10 @@
              gRPC 127.0.0.1:8081, admin 127.0.0.1:8080
     Envoy    envoy/gateway.yaml: listener 127.0.0.1:10000, admin 127.0.0.1:9901
 
+`--quota` runs quota mode instead: Envoy on envoy/gateway-rlqs.yaml enforces rls's limits
+itself (Rate Limit Quota Service; domain `gateway-rlqs`, 10 requests per minute per
+x-client-id, see docs/quota-mode.md).
+
 It prints curl commands to try (with the API keys of the Envoy config) and runs until Ctrl-C,
 then stops everything. `--free-ports` (or the port flags) moves every port; `--smoke` sends a
 few requests itself (401 without a key, 429 after the per-user quota, weighted hits on
@@ -43,6 +47,19 @@ HTTP_PORT = 8080
 BACKEND_PORT = 9001
 
 READY_PATH = "/__demo_ready"  # own counters: the readiness probe never eats a demo quota
+
+# Quota mode (--quota): the descriptors of domain gateway-rlqs, written next to the logs.
+QUOTA_LIMIT = 10
+QUOTA_DESCRIPTORS = f"""\
+domain: gateway-rlqs
+descriptors:
+  - key: x-client-id          # bucket {{name: per-client, x-client-id: <header>}}
+    rate_limit: {{unit: minute, requests_per_unit: {QUOTA_LIMIT}}}
+  - key: name
+    value: anonymous          # requests without x-client-id share one bucket
+    rate_limit: {{unit: minute, requests_per_unit: 100}}
+"""
+READY_CLIENT = "__demo_ready"  # its own bucket and counter
 
 
 class DemoError(Exception):
@@ -309,12 +326,14 @@ def _parser(prog: str = "rls demo") -> argparse.ArgumentParser:
     p.add_argument("--config", default=str(root / "config"),
                    help="directory with descriptor YAML (default: %(default)s)")
     p.add_argument("--envoy-config", default=None,
-                   help="Envoy config (default: envoy/gateway.yaml, with --cache "
-                   "envoy/gateway-cache.yaml)")
+                   help="Envoy config (default: envoy/gateway.yaml; with --cache "
+                   "envoy/gateway-cache.yaml, with --quota envoy/gateway-rlqs.yaml)")
     p.add_argument("--cache", action="store_true",
                    help="response cache mode: Envoy on envoy/gateway-cache.yaml (ext_proc), rls "
                    "with --cache-config CONFIG/cache.yaml (memory store); ports rewritten "
                    "like the others")
+    p.add_argument("--quota", action="store_true",
+                   help="quota mode: Envoy enforces rls's assignments (rate_limit_quota filter)")
     p.add_argument("--envoy", help="Envoy binary (default: next to python, then PATH)")
     p.add_argument("--listener-port", type=int, default=LISTENER_PORT,
                    help="Envoy listener (default: %(default)s)")
@@ -360,10 +379,15 @@ def start(args: argparse.Namespace) -> Demo:
     envoy = find_envoy(args.envoy)
     files = descriptor_files(Path(args.config))
     cache_rules = Path(args.config) / "cache.yaml"
+    if args.cache and args.quota:
+        raise DemoError("--cache and --quota are separate demos: pick one")
     if args.cache and not cache_rules.is_file():
         raise DemoError(f"--cache: no cache rules file {cache_rules}")
-    envoy_path = Path(args.envoy_config or _repo_root() / "envoy" / (
-        "gateway-cache.yaml" if args.cache else "gateway.yaml"))
+    default_envoy = (
+        "gateway-rlqs.yaml" if args.quota else "gateway-cache.yaml" if args.cache
+        else "gateway.yaml"
+    )
+    envoy_path = Path(args.envoy_config or _repo_root() / "envoy" / default_envoy)
     try:
         config = yaml.safe_load(envoy_path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -386,6 +410,11 @@ def start(args: argparse.Namespace) -> Demo:
                if not k.startswith("RLS_") and k != "REDIS_URL"}  # memory backend, defaults
         cmd = [sys.executable, "-m", "rls", "serve",
                "--grpc-addr", f"127.0.0.1:{demo.grpc}", "--http-addr", f"127.0.0.1:{demo.http}"]
+        if args.quota:
+            quota_file = workdir / "quota-descriptors.yaml"
+            quota_file.write_text(QUOTA_DESCRIPTORS)
+            files = [f for f in files if "gateway-rlqs" not in f.read_text(errors="replace")]
+            files.append(quota_file)
         for path in files:
             cmd += ["--config", str(path)]
         if args.cache:
@@ -409,6 +438,16 @@ def start(args: argparse.Namespace) -> Demo:
         wait_for("Envoy admin /ready",
                  lambda: request(demo.envoy_admin, "GET", "/ready").status == 200,
                  args.timeout, proxy.alive, proxy.log)
+        if args.quota:
+            # Envoy opens the quota stream at the first request of a bucket.
+            wait_for("the quota stream Envoy -> rls",
+                     lambda: request(demo.listener, "GET", READY_PATH,
+                                     {"x-client-id": READY_CLIENT}).status == 200
+                     and "rls_quota_streams 1.0" in request(
+                         demo.http, "GET", "/metrics").body.decode(),
+                     args.timeout, lambda: proxy.alive() and rls.alive(),
+                     lambda: proxy.log() + "\n" + rls.log())
+            return demo
         # Envoy connects to rls lazily; until then a call may fail open (no rate-limit
         # headers). Ready means a request came back with rls's verdict.
         headers = {"x-api-key": demo.key("alice")} if demo.keys else {}
@@ -466,6 +505,58 @@ Try:
 {cache_lines}
 Press Ctrl-C to stop.
 """
+
+
+def quota_banner(demo: Demo) -> str:
+    gw = f"http://127.0.0.1:{demo.listener}"
+    return f"""
+rls demo (quota mode) is running (logs in {demo.workdir})
+  Envoy gateway  {gw}   rate_limit_quota filter, domain gateway-rlqs
+  rls            gRPC 127.0.0.1:{demo.grpc} (RLQS stream), admin {demo.admin_url}
+  backend        {', '.join(f'127.0.0.1:{p}' for p in demo.backends)}
+  Envoy admin    http://127.0.0.1:{demo.envoy_admin}
+
+Envoy decides every request itself from rls's assignments; rls sees usage every 5 s.
+Try:
+  # {QUOTA_LIMIT} per minute per x-client-id, then 429 (x-ratelimit-quota: denied)
+  for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' \\
+      -H 'x-client-id: alice' {gw}/items; done; echo
+  # the counter is the one ShouldRateLimit uses (usage arrives with the next report)
+  curl -s -X POST {demo.admin_url}/counters -d '{{"domain": "gateway-rlqs", \\
+      "descriptors": [{{"entries": [{{"key": "x-client-id", "value": "alice"}}]}}]}}'
+  curl -s {demo.admin_url}/metrics | grep '^rls_quota'
+
+Press Ctrl-C to stop.
+"""
+
+
+def quota_smoke(demo: Demo) -> list[str]:
+    """Quota mode: a client gets its limit per minute from Envoy, then Envoy's 429."""
+    failures: list[str] = []
+
+    def check(ok: bool, what: str) -> None:
+        print(f"  {'ok  ' if ok else 'FAIL'} {what}", flush=True)
+        if not ok:
+            failures.append(what)
+
+    left = 60 - time.time() % 60
+    if left < 10:  # keep the per-minute story inside one window
+        time.sleep(left + 0.1)
+    client = f"smoke-{random.randint(0, 10**9)}"
+    statuses = []
+    for i in range(QUOTA_LIMIT + 5):
+        r = request(demo.listener, "GET", f"/items?smoke={i}", {"x-client-id": client})
+        statuses.append(r.status)
+    admitted = statuses.count(200)
+    # Requests sent before rls's first answer reaches Envoy are admitted and charged.
+    check(QUOTA_LIMIT <= admitted <= QUOTA_LIMIT + 2 and statuses[-1] == 429,
+          f"{client}: {QUOTA_LIMIT} per minute, then 429 ({admitted} x 200, then "
+          f"{statuses[-1]})")
+    check(r.headers.get("x-ratelimit-quota") == "denied", "Envoy's 429 names the quota")
+    metrics = request(demo.http, "GET", "/metrics").body.decode()
+    check("rls_quota_assignments_total{action=\"token_bucket\"}" in metrics,
+          "rls sent token-bucket assignments")
+    return failures
 
 
 def smoke(demo: Demo) -> list[str]:
@@ -545,14 +636,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "rls demo") -> int:
         if args.smoke:
             print(f"smoke test against {demo.listener} (ports: rls {demo.grpc}/{demo.http}):",
                   flush=True)
-            failures = smoke(demo)
+            failures = quota_smoke(demo) if args.quota else smoke(demo)
             if failures:
                 logs = "\n".join(child.log() for child in demo.children)
                 print(f"smoke test FAILED: {len(failures)} check(s)\n{logs}", file=sys.stderr)
                 return 1
             print("smoke test passed", flush=True)
             return 0
-        print(banner(demo), flush=True)
+        print(quota_banner(demo) if args.quota else banner(demo), flush=True)
         while all(child.alive() for child in demo.children):
             time.sleep(0.2)
         dead = [c for c in demo.children if not c.alive()]

@@ -32,6 +32,7 @@ from rls.engine.top import TopTalkers, dumps_snapshot
 from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
 from rls.metrics import Metrics
 from rls.services.health import create_health, set_serving
+from rls.services.quota import QuotaService
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
 from rls.workers import shared_dir
@@ -184,11 +185,14 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     app.limiter.lag.start()
     await attempted.wait()
 
-    handlers = [app.service.handler()]
+    quota = QuotaService(app.holder.current, app.backend, settings, app.metrics.registry)
+    handlers = [app.service.handler(), quota.handler()]
     cache = None
     # grpc's own cap sits above ours, so an oversized request gets rls's INVALID_ARGUMENT with
     # a message rather than grpc's RESOURCE_EXHAUSTED; beyond it grpc still protects memory.
     max_message = settings.max_request_bytes * 4 + 65536
+    # An RLQS report lists every bucket of an Envoy (up to 20,000, ~80 bytes each).
+    max_message = max(max_message, 4 << 20)
     if settings.cache_config:
         try:
             extproc, cache = build_cache(

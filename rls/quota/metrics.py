@@ -1,0 +1,36 @@
+"""Prometheus series of quota mode, registered on the app's registry (bounded labels only)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class QuotaMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.streams = Gauge(
+            "rls_quota_streams", "Open RLQS streams", registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.buckets = Gauge(
+            "rls_quota_buckets", "RLQS buckets tracked over all streams", registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.reports = Counter(
+            "rls_quota_reports", "RLQS usage report messages received", registry=registry
+        )
+        self.assignments = Counter(
+            "rls_quota_assignments",
+            "Bucket actions sent, by kind (token_bucket, allow_all, deny_all, abandon)",
+            ["action"], registry=registry,
+        )
+        # `limit` is the limit's config path, or _unmatched / _unlimited / _unsupported.
+        self.usage = Counter(
+            "rls_quota_usage",
+            "Requests Envoy reported per limit, by result (allowed, denied)",
+            ["limit", "result"], registry=registry,
+        )
+        self.errors = Counter(
+            "rls_quota_errors",
+            "RLQS problems by reason (backend, invalid, bucket_cap, unsupported)",
+            ["reason"], registry=registry,
+        )

@@ -1,0 +1,313 @@
+"""Dealing shares of a global limit to RLQS streams through reservations on the same counters.
+
+Envoy enforces a token bucket per bucket on its own and reports, every 5 s, how many requests
+it admitted. To keep a limit exact across many Envoys and many rls replicas, every token handed
+to Envoy is **charged to the limit's counter when it is granted** (a reservation), and at the
+next report the part Envoy did not use is given back (`is_negative_hits`-style release). So the
+tokens held by all streams never exceed what is left in the window, whichever rls process
+dealt them: the counter is the single source of truth, exactly as for ShouldRateLimit.
+
+Per report, two atomic store calls per bucket (one for a bucket that keeps its grant):
+1. settle: charge what Envoy used beyond its reservation (`charge: always`; first requests
+   admitted before any assignment, requests admitted in the milliseconds between a report and
+   its answer) and read the room left;
+2. grant: move each limit's reservation to the new grant G = min(target, reservation + room)
+   with one all-or-nothing charge (or a release when the grant shrinks). A race with another
+   process shrinks G and retries.
+
+At a window reset the server pushes a fresh grant for the new window without waiting for a
+report (otherwise a spent bucket would stay denied up to 5 s into the new window). Tokens left
+from the old window stay charged to the old window; the next report attributes the usage it
+carries to the old and new grant in proportion to time.
+
+Only fixed windows can be dealt this way (a reservation and its release must be exact inverses
+and the room must not refill inside the window): see SUPPORTED_ALGORITHMS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rls.backends.base import Backend
+from rls.config.model import Limit
+from rls.engine.calendar import CalendarCache
+from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check, Outcome
+
+SUPPORTED_ALGORITHMS = frozenset({"fixed_window"})
+REPORT_CADENCE_S = 5.0  # Envoy 1.40 reports every 5 s whatever reporting_interval says
+# A grant covers this much of the bucket's recent demand: the 5 s until the next report plus
+# slack for demand growing between reports.
+HORIZON_S = 7.5
+WINDOW_TOLERANCE_MS = 500  # a reported reset later than this past the known end = new window
+GRANT_RETRIES = 3
+IDLE_SHARE_DIVISOR = 4
+MAX_TOKENS = 2**32 - 1  # TokenBucket.max_tokens is a uint32
+
+
+@dataclass(slots=True)
+class Ledger:
+    """One limit of one bucket on one stream: what this stream holds in that limit's counter."""
+
+    limit: Limit
+    key: str
+    stats_key: str | None = None
+    reserved: int = 0  # charged to the counter, not yet reported as used
+    end_ms: int = 0  # local-clock end of the window `reserved` was charged in (0: unknown)
+    old_left: int = 0  # reservation left in the previous window at the last window push
+    pushed_at_ms: int = 0  # when that push happened
+    mine: int = 0  # net hits this ledger put into the counter's current window
+    shared_until_ms: int = 0  # others used the counter recently (see `observe`)
+
+    @property
+    def shared(self) -> bool:
+        return self.shared_until_ms > 0
+
+    def observe(self, used: int, now_ms: int) -> None:
+        """Note whether the counter holds more than this ledger put in: others use it too.
+
+        Remembered for two windows (at least 15 s), so right after a reset, when the new
+        window is still empty, a counter known to be shared is still dealt as shared.
+        """
+        if used > self.mine:
+            self.shared_until_ms = now_ms + max(2 * self.limit.window_ms, 15_000)
+        elif now_ms >= self.shared_until_ms:
+            self.shared_until_ms = 0
+
+    @property
+    def shadow(self) -> bool:
+        return self.limit.shadow_mode
+
+
+@dataclass(slots=True)
+class Grant:
+    """The outcome of a deal: `tokens` > 0 → token bucket, 0 → denied for `reset_ms`."""
+
+    tokens: int
+    reset_ms: int  # time until the tightest limit's window resets
+    remaining: dict[str, int] = field(default_factory=dict)
+
+
+def initial_target(ledgers: Sequence[Ledger]) -> int:
+    """Tokens for a bucket whose demand is not known yet: its even pace over one horizon."""
+    target = 0
+    for ledger in ledgers:
+        if ledger.shadow:
+            continue
+        limit = ledger.limit
+        pace = limit.requests_per_unit * HORIZON_S / max(limit.window_ms / 1000, 0.001)
+        share = max(1, math.ceil(pace))
+        target = share if target == 0 else min(target, share)
+    return max(1, target)
+
+
+def paced(room: int, reset_ms: int) -> int:
+    """The part of a shared counter's room one stream may take now: the room spread evenly
+    over what is left of the window, one horizon's worth (all of it in the last horizon).
+
+    So the first stream to report after a reset cannot take the whole window, admissions are
+    spread over the window, and streams with demand above their pace get equal shares.
+    """
+    if room <= 0:
+        return 0
+    horizon_ms = HORIZON_S * 1000
+    if reset_ms <= horizon_ms:
+        return room
+    return max(1, math.ceil(room * horizon_ms / reset_ms))
+
+
+def demand_target(requests: int, elapsed_s: float) -> int:
+    """Tokens covering `requests` seen over `elapsed_s`, projected over one horizon."""
+    if elapsed_s <= 0:
+        return max(1, requests)
+    return max(1, math.ceil(requests / elapsed_s * HORIZON_S))
+
+
+class Dealer:
+    """Runs the settle/grant steps on a backend; owns no state besides calendar bounds."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        timeout_ms: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.timeout = max(timeout_ms, 1) / 1000
+        self.clock = clock
+        self._calendar = CalendarCache()
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def _check(self, ledger: Ledger, hits: int, flags: int, now_ms: int) -> Check:
+        limit = ledger.limit
+        if limit.shadow_mode:
+            flags |= SHADOW
+        bounds = self._calendar.bounds(limit, now_ms) if limit.calendar else None
+        return Check(0, limit, ledger.key, hits, flags, ledger.stats_key, bounds)
+
+    async def _call(self, checks: list[Check]) -> tuple[bool, list[Outcome]]:
+        """One atomic step on the store (raises BackendError / TimeoutError)."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                verdict = await self.backend.decide(checks)
+        except TimeoutError:
+            suspect = getattr(self.backend, "suspect", None)  # stores with a health probe
+            if suspect is not None:
+                suspect()
+            raise
+        return verdict.admitted, verdict.outcomes
+
+    async def report(
+        self,
+        ledgers: Sequence[Ledger],
+        allowed: int,
+        target: int | None,
+        last_report_ms: int,
+        resumed: bool,
+    ) -> Grant:
+        """Settle `allowed` requests Envoy admitted since the last report; deal a new grant.
+
+        `resumed`: the bucket arrives on a new stream with usage (rls restarted, Envoy
+        reconnected): that usage consumed a grant an earlier rls reserved, so it is not charged
+        again. `target` None: demand unknown (a new bucket).
+        """
+        now = self.now_ms()
+        kept: list[int] = []
+        checks: list[Check] = []
+        for ledger in ledgers:
+            used = 0 if resumed else allowed
+            if ledger.shadow:
+                kept.append(0)
+                checks.append(self._check(ledger, used, CHARGE_ALWAYS, now))
+                continue
+            if ledger.old_left and not resumed:
+                span = max(now - last_report_ms, 1)
+                before = min(max(ledger.pushed_at_ms - last_report_ms, 0), span)
+                used -= min(ledger.old_left, round(allowed * before / span))
+            held = ledger.reserved - used
+            kept.append(max(0, held))
+            forced = max(0, -held)
+            checks.append(self._check(ledger, forced, CHARGE_ALWAYS if forced else 0, now))
+        _, outcomes = await self._call(checks)
+        for ledger, held, out, check in zip(ledgers, kept, outcomes, checks, strict=True):
+            end = now + out.reset_ms
+            if ledger.end_ms and end > ledger.end_ms + WINDOW_TOLERANCE_MS:
+                held = 0  # the reservation was charged in a window that has ended
+                ledger.mine = 0
+            ledger.reserved, ledger.end_ms, ledger.old_left = held, end, 0
+            ledger.observe(out.used, now)
+            ledger.mine += check.hits
+        rooms = [out.remaining for out in outcomes]
+        return await self._grant(ledgers, outcomes, rooms, target, now, on_top=False)
+
+    async def push(self, ledgers: Sequence[Ledger], target: int) -> Grant:
+        """A window of one of the bucket's limits reset: deal a grant for the new window.
+
+        Reservations of limits whose window ended stay in the old window (`old_left`); limits
+        still in their window keep theirs and get the new grant on top (Envoy's new token
+        bucket replaces the old one, whose use is unknown until the next report).
+        """
+        now = self.now_ms()
+        for ledger in ledgers:
+            if ledger.shadow:
+                continue
+            if ledger.end_ms and now >= ledger.end_ms:
+                ledger.old_left, ledger.pushed_at_ms = ledger.reserved, now
+                ledger.reserved = ledger.mine = 0
+        checks = [self._check(ledger, 0, 0, now) for ledger in ledgers]
+        _, outcomes = await self._call(checks)
+        for ledger, out in zip(ledgers, outcomes, strict=True):
+            ledger.end_ms = now + out.reset_ms
+            ledger.observe(out.used, now)
+        rooms = [out.remaining for out in outcomes]
+        return await self._grant(ledgers, outcomes, rooms, target, now, on_top=True)
+
+    async def _grant(
+        self,
+        ledgers: Sequence[Ledger],
+        outcomes: list[Outcome],
+        rooms: list[int],
+        target: int | None,
+        now: int,
+        on_top: bool,
+    ) -> Grant:
+        """Move every enforcing ledger to the grant G (or add G with `on_top`).
+
+        A counter only this ledger uses gives its whole room (a lone client may burst as with
+        ShouldRateLimit); a shared one is paced (see `paced`).
+        """
+        active = [i for i, ledger in enumerate(ledgers) if not ledger.shadow]
+        if not active:
+            return Grant(MAX_TOKENS, 0)
+        base = {i: 0 if on_top else ledgers[i].reserved for i in active}
+        pace = {
+            i: paced(rooms[i], outcomes[i].reset_ms) if ledgers[i].shared else rooms[i]
+            for i in active
+        }
+        if target is None:  # demand unknown: as much as the pace allows
+            target = min(pace.values())
+        # Never less than a quarter of the pace, whatever the last report's demand: a bucket
+        # idle for a while and then busy must not be held to a token or two until its next
+        # report when the limit has plenty of room (it costs nothing when room is scarce).
+        floor = min(math.ceil(pace[i] / IDLE_SHARE_DIVISOR) for i in active)
+        grant = min([max(target, floor), MAX_TOKENS] + [base[i] + pace[i] for i in active])
+        grant = max(grant, 0)
+        for _ in range(GRANT_RETRIES):
+            checks: list[Check] = []
+            which: list[int] = []
+            for i in active:
+                delta = grant - base[i] if not on_top else grant
+                if delta:
+                    flags = NEGATIVE if delta < 0 else 0
+                    checks.append(self._check(ledgers[i], abs(delta), flags, now))
+                    which.append(i)
+            if not checks:
+                break
+            admitted, outs = await self._call(checks)
+            if admitted:
+                for i, check in zip(which, checks, strict=True):
+                    signed = -check.hits if check.flags & NEGATIVE else check.hits
+                    ledgers[i].mine = max(0, ledgers[i].mine + signed)
+                for i in active:
+                    ledgers[i].reserved = ledgers[i].reserved + grant if on_top else grant
+                outcomes = list(outcomes)
+                for i, out in zip(which, outs, strict=True):
+                    outcomes[i] = out
+                break
+            # Another process took part of the room meanwhile: releases went through,
+            # charges did not. Shrink the grant to what the charges could still get.
+            short: list[int] = []
+            for i, check in zip(which, checks, strict=True):
+                if check.flags & NEGATIVE:
+                    ledgers[i].mine = max(0, ledgers[i].mine - check.hits)
+                    ledgers[i].reserved = grant
+                    base[i] = grant
+                else:
+                    short.append(i)
+            _, peeks = await self._call([self._check(ledgers[i], 0, 0, now) for i in short])
+            smaller = min(base[i] + out.remaining for i, out in zip(short, peeks, strict=True))
+            grant = max(0, min(smaller, grant - 1))
+        else:
+            grant = 0
+            if not on_top:  # give back everything still held past a failed race
+                releases = [
+                    self._check(ledgers[i], ledgers[i].reserved, NEGATIVE, now)
+                    for i in active
+                    if ledgers[i].reserved
+                ]
+                if releases:
+                    await self._call(releases)
+                for i in active:
+                    ledgers[i].mine = max(0, ledgers[i].mine - ledgers[i].reserved)
+                    ledgers[i].reserved = 0
+        reset = max(
+            (outcomes[i].reset_ms for i in active if base[i] + rooms[i] <= grant),
+            default=min(outcomes[i].reset_ms for i in active),
+        )
+        remaining = {ledgers[i].key: outcomes[i].remaining for i in active}
+        return Grant(grant, reset, remaining)

@@ -1,0 +1,255 @@
+"""Quota mode end to end: real Envoy 1.40 (envoy/gateway-rlqs.yaml) enforcing rls's YAML limits.
+
+Windows are a few seconds (unit_multiplier) so a test spans two or three of them. Admitted
+counts are asserted per window against bounds derived from how quota mode works, not timing:
+every token Envoy holds was charged to the counter first, so a window admits at most the limit
+plus what Envoy admits before rls has answered at all (one request per new bucket per Envoy,
+`no_assignment_behavior: ALLOW_ALL`) and in the milliseconds between a report and its answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from conftest import start_redis
+from e2e.harness import Envoy, http_get_text, wait_for
+
+from .conftest import QuotaRig
+
+WINDOW_S = 5
+
+
+def drive(
+    envoy: Envoy, seconds: float, rate: float, headers: dict[str, str] | None = None
+) -> list[tuple[float, int]]:
+    """Requests at a steady pace for `seconds`: (wall time, status) for each."""
+    out: list[tuple[float, int]] = []
+    start = time.monotonic()
+    n = 0
+    while True:
+        due = start + n / rate
+        now = time.monotonic()
+        if due - start >= seconds:
+            return out
+        if due > now:
+            time.sleep(due - now)  # pacing the offered load, not waiting for a condition
+        resp = envoy.request("GET", "/api", headers=headers or {})
+        out.append((time.time(), resp.status))
+        n += 1
+        assert resp.status in (200, 429), resp
+
+
+def admitted_per_window(results: list[tuple[float, int]], window_s: int) -> dict[int, int]:
+    per: Counter[int] = Counter()
+    for t, status in results:
+        per[int(t // window_s)] += 0
+        if status == 200:
+            per[int(t // window_s)] += 1
+    return dict(per)
+
+
+def full_windows(results: list[tuple[float, int]], window_s: int) -> list[int]:
+    """Windows the traffic covered from start to end (not the partial first and last)."""
+    first = int(results[0][0] // window_s)
+    last = int(results[-1][0] // window_s)
+    return list(range(first + 1, last))
+
+
+def rls_metric(http_url: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = http_get_text(http_url + "/metrics")
+    assert status == 200, text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                total += sample.value
+    return total
+
+
+PER_CLIENT = """
+domain: gateway-rlqs
+descriptors:
+  - key: x-client-id
+    rate_limit: {unit: second, unit_multiplier: 4, requests_per_unit: 6}
+"""
+
+
+def test_one_envoy_enforces_the_yaml_limit_per_client_header(rig: QuotaRig) -> None:
+    rls = rig.rls(rig.descriptors(PER_CLIENT))
+    envoy = rig.envoy(rls.grpc_port)
+    results = drive(envoy, seconds=10, rate=10, headers={"x-client-id": "alice"})
+    per = admitted_per_window(results, 4)
+    windows = full_windows(results, 4)
+    assert windows, per
+    # Every window: at most the limit plus the one request admitted before rls's first answer.
+    assert all(count <= 6 + 1 for count in per.values()), per
+    # Full windows with demand 40 for a limit of 6: the limit is dealt, nothing lost.
+    for w in windows:
+        assert per[w] >= 6 - 1, (w, per)
+    # The limit is per client: another client still gets its own quota.
+    bob = [envoy.request("GET", "/api", headers={"x-client-id": "bob"}).status for _ in range(3)]
+    assert bob.count(200) >= 1, bob
+    assert rls_metric(rls.http_url, "rls_quota_streams") == 1
+    assert rls_metric(rls.http_url, "rls_quota_assignments_total", action="token_bucket") >= 1
+
+
+SHARED = """
+domain: gateway-rlqs
+descriptors:
+  - key: name
+    value: anonymous
+    rate_limit: {unit: second, unit_multiplier: 5, requests_per_unit: 20}
+"""
+
+
+def drive_together(envoys_rates: list[tuple[Envoy, float]], seconds: float) -> list:
+    """Drive several Envoys at once (one thread each); all results merged."""
+    results: list[list[tuple[float, int]]] = [[] for _ in envoys_rates]
+
+    def one(i: int, envoy: Envoy, rate: float) -> None:
+        results[i] = drive(envoy, seconds, rate)
+
+    threads = [
+        threading.Thread(target=one, args=(i, envoy, rate))
+        for i, (envoy, rate) in enumerate(envoys_rates)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 30)
+    merged = sorted(r for rs in results for r in rs)
+    assert all(results), "a driver thread produced nothing"
+    return merged
+
+
+def assert_shared_limit(results: list[tuple[float, int]], envoys: int) -> dict[int, int]:
+    """At most the limit plus, per Envoy, one request before any assignment and one admitted
+    between a report and its answer.
+
+    Lower bound: with a window as short as the 5 s report cadence, tokens a stream holds but
+    does not use are given back only at its next report, which may come after the window
+    ended: up to the slower Envoy's demand over one cadence (3/s * 5 s = 15) can go unused.
+    Long windows (benchmarks/quota_mode.py) are dealt to within a few percent.
+    """
+    per = admitted_per_window(results, WINDOW_S)
+    assert all(count <= 20 + 2 * envoys for count in per.values()), per
+    windows = full_windows(results, WINDOW_S)
+    assert windows, per
+    for w in windows:
+        assert per[w] >= 20 - 15, (w, per)
+    return per
+
+
+def test_two_envoys_share_one_limit_through_one_rls(rig: QuotaRig) -> None:
+    rls = rig.rls(rig.descriptors(SHARED))
+    a, b = rig.envoy(rls.grpc_port), rig.envoy(rls.grpc_port)
+    results = drive_together([(a, 12), (b, 3)], seconds=12)
+    assert_shared_limit(results, envoys=2)
+    assert rls_metric(rls.http_url, "rls_quota_streams") == 2
+
+
+def test_two_envoys_share_one_limit_through_two_rls_on_one_redis(
+    rig: QuotaRig, redis_url: str
+) -> None:
+    config = rig.descriptors(SHARED)
+    first, second = rig.rls(config, redis_url=redis_url), rig.rls(config, redis_url=redis_url)
+    a, b = rig.envoy(first.grpc_port), rig.envoy(second.grpc_port)
+    results = drive_together([(a, 12), (b, 3)], seconds=12)
+    assert_shared_limit(results, envoys=2)
+    for rls in (first, second):
+        assert rls_metric(rls.http_url, "rls_quota_streams") == 1
+
+
+ALICE_ONLY = """
+domain: gateway-rlqs
+descriptors:
+  - key: x-client-id
+    value: alice
+    rate_limit: {unit: minute, requests_per_unit: 3}
+"""
+
+
+def test_unmatched_bucket_is_allowed_and_a_bucket_dropped_by_reload_is_abandoned(
+    rig: QuotaRig,
+) -> None:
+    config = rig.descriptors(ALICE_ONLY)
+    rls = rig.rls(config)
+    envoy = rig.envoy(rls.grpc_port)
+    bob = [envoy.request("GET", "/api", headers={"x-client-id": "bob"}).status
+           for _ in range(10)]
+    assert bob == [200] * 10
+    alice = [envoy.request("GET", "/api", headers={"x-client-id": "alice"}).status
+             for _ in range(10)]
+    assert alice.count(200) <= 3 + 1 and 429 in alice, alice
+    config.write_text(SHARED)  # alice's descriptor is gone
+    wait_for(
+        lambda: rls_metric(rls.http_url, "rls_quota_assignments_total", action="abandon") >= 1,
+        timeout=15, what="abandon_action for alice's bucket",
+    )
+    wait_for(
+        lambda: envoy.request("GET", "/api", headers={"x-client-id": "alice"}).status == 200,
+        timeout=5, what="alice allowed once her bucket is unmatched",
+    )
+    assert rls_metric(rls.http_url, "rls_quota_usage_total", limit="_unmatched",
+                      result="allowed") >= 10
+
+
+RESTART = """
+domain: gateway-rlqs
+descriptors:
+  - key: x-client-id
+    rate_limit: {unit: second, unit_multiplier: 6, requests_per_unit: 8}
+"""
+
+
+def test_rls_restart_mid_traffic_neither_double_counts_nor_loses_the_limit(
+    rig: QuotaRig, redis_url: str
+) -> None:
+    config = rig.descriptors(RESTART)
+    rls = rig.rls(config, redis_url=redis_url)
+    envoy = rig.envoy(rls.grpc_port)
+    restarted: list[float] = []
+
+    def restart() -> None:
+        time.sleep(4)  # mid-traffic, by design of the scenario
+        rls.stop()
+        rig.rls(config, grpc_port=rls.grpc_port, redis_url=redis_url)
+        restarted.append(time.time())
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    results = drive(envoy, seconds=24, rate=6, headers={"x-client-id": "alice"})
+    thread.join(30)
+    assert restarted, "rls was not restarted"
+    per = admitted_per_window(results, 6)
+    assert all(count <= 8 + 2 for count in per.values()), per
+    # Windows that start once Envoy is back on the new rls (it reconnects at its next 5 s
+    # tick) get the whole limit: usage the old rls charged is not charged again.
+    after = [w for w in full_windows(results, 6) if w * 6 >= restarted[0] + 5]
+    assert after, (per, restarted, results[0][0])
+    for w in after:
+        assert per[w] >= 8 - 1, (w, per)
+
+
+def test_dead_redis_follows_the_failure_mode(rig: QuotaRig) -> None:
+    redis = start_redis()
+    try:
+        rls = rig.rls(rig.descriptors(PER_CLIENT), redis_url=redis.url,
+                      args=("--failure-mode", "deny"))
+        envoy = rig.envoy(rls.grpc_port)
+        assert envoy.request("GET", "/api", headers={"x-client-id": "carol"}).status == 200
+        redis.stop()
+        # A new bucket: its first request passes before any answer (no_assignment_behavior),
+        # then rls answers the failure mode, DENY_ALL, for a few seconds.
+        wait_for(
+            lambda: envoy.request("GET", "/api", headers={"x-client-id": "dave"}).status == 429,
+            timeout=5, what="failure-mode deny for a bucket dealt while Redis is down",
+        )
+        assert rls_metric(rls.http_url, "rls_quota_errors_total", reason="backend") >= 1
+        assert rls_metric(rls.http_url, "rls_quota_assignments_total", action="deny_all") >= 1
+    finally:
+        redis.stop()

@@ -1,0 +1,205 @@
+"""Dealing shares through reservations on the ShouldRateLimit counters (memory, fake clock)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rls.backends.memory import MemoryBackend
+from rls.config.model import Limit, Unit
+from rls.engine.checks import match_targets
+from rls.engine.model import Check
+from rls.quota.share import Dealer, Ledger, paced
+
+T0 = 1_800_000.0  # seconds; a multiple of 60, so 5 s and minute windows start here
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def setup(rpu: int = 10, multiplier: int = 5) -> tuple[Clock, MemoryBackend, Limit]:
+    """A limit per `multiplier` seconds (5 s: short enough that grants are not paced)."""
+    clock = Clock()
+    limit = Limit(requests_per_unit=rpu, unit=Unit.SECOND, unit_multiplier=multiplier,
+                  full_key="d.k")
+    return clock, MemoryBackend(clock=clock, sweep_interval=0), limit
+
+
+def used(store: MemoryBackend, limit: Limit, key: str = "k") -> int:
+    verdict = store.decide_now([Check(0, limit, key, 0)], charge=False)
+    return verdict.outcomes[0].used
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_grants_of_all_streams_never_exceed_what_is_left() -> None:
+    clock, store, limit = setup(rpu=10)
+    dealers = [Dealer(store, 100, clock) for _ in range(3)]
+    ledgers = [[Ledger(limit, "k")] for _ in range(3)]
+    grants = [
+        run(d.report(led, allowed=0, target=6, last_report_ms=0, resumed=False)).tokens
+        for d, led in zip(dealers, ledgers, strict=True)
+    ]
+    assert grants == [6, 4, 0]
+    assert used(store, limit) == 10  # every token handed out is charged
+
+
+def test_unused_tokens_are_given_back_at_the_next_report() -> None:
+    clock, store, limit = setup(rpu=10)
+    dealer = Dealer(store, 100, clock)
+    ledger = [Ledger(limit, "k")]
+    assert run(dealer.report(ledger, 0, 6, 0, False)).tokens == 6
+    clock.now += 2
+    grant = run(dealer.report(ledger, allowed=2, target=3, last_report_ms=0, resumed=False))
+    assert grant.tokens == 3
+    assert used(store, limit) == 2 + 3  # used so far + the new reservation
+
+
+def test_usage_beyond_the_reservation_is_charged_whatever_the_room() -> None:
+    clock, store, limit = setup(rpu=10)
+    dealer = Dealer(store, 100, clock)
+    ledger = [Ledger(limit, "k")]
+    # First report of a new bucket: Envoy admitted 12 before any assignment existed.
+    grant = run(dealer.report(ledger, allowed=12, target=5, last_report_ms=0, resumed=False))
+    assert grant.tokens == 0
+    assert grant.reset_ms == 5_000
+    assert used(store, limit) == 12
+
+
+def test_resumed_bucket_after_an_rls_restart_is_not_charged_twice() -> None:
+    clock, store, limit = setup(rpu=10)
+    first = Dealer(store, 100, clock)
+    assert run(first.report([Ledger(limit, "k")], 0, 4, 0, False)).tokens == 4
+    clock.now += 2
+    # A new rls (fresh ledgers) gets the stream back; Envoy used the 4 tokens it held.
+    second = Dealer(store, 100, clock)
+    grant = run(second.report([Ledger(limit, "k")], allowed=4, target=3, last_report_ms=0,
+                              resumed=True))
+    assert grant.tokens == 3
+    assert used(store, limit) == 4 + 3
+
+
+def test_window_push_deals_the_new_window_and_leaves_old_reservations_behind() -> None:
+    clock, store, limit = setup(rpu=10)
+    dealer = Dealer(store, 100, clock)
+    ledger = [Ledger(limit, "k")]
+    clock.now += 3
+    assert run(dealer.report(ledger, 0, 8, 0, False)).tokens == 8
+    clock.now = T0 + 5.05  # the next window
+    assert run(dealer.push(ledger, target=8)).tokens == 8
+    assert used(store, limit) == 8  # the new window holds only the new grant
+    assert ledger[0].old_left == 8
+    # Next report: 9 used since the report at T0+3; the push came 2.05 s into those 5 s.
+    clock.now = T0 + 8
+    run(dealer.report(ledger, allowed=9, target=1, last_report_ms=int((T0 + 3) * 1000),
+                      resumed=False))
+    # round(9 * 2.05/5) = 4 attributed to the old window's tokens, 5 to the new grant of 8;
+    # the new grant shrinks to 1: 5 used + 1 reserved.
+    assert used(store, limit) == 6
+
+
+def test_push_takes_from_limits_still_in_their_window_on_top_of_their_reservation() -> None:
+    clock = Clock()
+    per_sec = Limit(requests_per_unit=5, unit=Unit.SECOND, full_key="d.s", index=1)
+    per_min = Limit(requests_per_unit=100, unit=Unit.MINUTE, full_key="d.m", index=2)
+    store = MemoryBackend(clock=clock, sweep_interval=0)
+    dealer = Dealer(store, 100, clock)
+    ledgers = [Ledger(per_sec, "s"), Ledger(per_min, "m")]
+    assert run(dealer.report(ledgers, 0, 5, 0, False)).tokens == 5
+    clock.now += 1.05
+    assert run(dealer.push(ledgers, target=5)).tokens == 5
+    assert used(store, per_sec, "s") == 5
+    assert used(store, per_min, "m") == 10  # the old grant may have been used: still held
+
+
+def test_lost_race_with_another_process_shrinks_the_grant() -> None:
+    clock, _, limit = setup(rpu=10)
+
+    class Racing(MemoryBackend):
+        calls = 0
+
+        async def decide(self, checks, now_ms=None, usage=(), usage_ttl_ms=0):
+            Racing.calls += 1
+            if Racing.calls == 2:  # between settle and grant, someone else takes 7
+                self.decide_now([Check(0, limit, "k", 7)])
+            return await super().decide(checks, now_ms)
+
+    racing = Racing(clock=clock, sweep_interval=0)
+    grant = run(Dealer(racing, 100, clock).report([Ledger(limit, "k")], 0, 6, 0, False))
+    assert grant.tokens == 3
+    assert used(racing, limit) == 10
+
+
+def test_grants_are_paced_over_the_rest_of_a_long_window() -> None:
+    assert paced(100, 60_000) == 13  # 7.5 s of a 60 s window
+    assert paced(100, 7_000) == 100  # the last horizon takes everything
+    assert paced(0, 60_000) == 0
+    clock, store, limit = setup(rpu=100, multiplier=60)
+    store.decide_now([Check(0, limit, "k", 4)])  # another stream (or ShouldRateLimit) uses it
+    grant = run(Dealer(store, 100, clock).report([Ledger(limit, "k")], 0, 80, 0, False))
+    assert grant.tokens == 12  # ceil(96 * 7.5 / 60)
+
+
+def test_a_counter_only_this_stream_uses_is_not_paced() -> None:
+    clock, store, limit = setup(rpu=100, multiplier=60)
+    dealer = Dealer(store, 100, clock)
+    ledger = [Ledger(limit, "k")]
+    # New bucket, demand unknown: the whole room, as ShouldRateLimit would admit a burst.
+    assert run(dealer.report(ledger, 1, None, 0, False)).tokens == 99
+    assert not ledger[0].shared
+    clock.now += 2
+    # Known demand: 7.5 s worth of it.
+    assert run(dealer.report(ledger, 10, 40, 0, False)).tokens == 40
+    assert used(store, limit) == 1 + 10 + 40
+
+
+def test_bucket_key_is_the_should_rate_limit_key() -> None:
+    from rls.config.loader import load_files
+
+    dom = load_files([("x.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: "
+                      "{unit: second, unit_multiplier: 5, requests_per_unit: 3}\n")]).domains["d"]
+    ((limit, key, _, _),) = match_targets(dom, "d", (("k", "v"),), "rl:")
+    clock = Clock()
+    store = MemoryBackend(clock=clock, sweep_interval=0)
+    assert run(Dealer(store, 100, clock).report([Ledger(limit, key)], 0, 9, 0, False)).tokens == 3
+    assert used(store, limit, key) == 3
+
+
+def test_idle_bucket_gets_a_quarter_of_the_pace_when_the_limit_has_room() -> None:
+    clock, store, limit = setup(rpu=1000, multiplier=60)
+    store.decide_now([Check(0, limit, "k", 40)])  # shared with another stream
+    dealer = Dealer(store, 100, clock)
+    # Demand seen in the last report was nil (target 1); the window has room for 960.
+    grant = run(dealer.report([Ledger(limit, "k")], 0, 1, 0, False))
+    assert grant.tokens == 30  # ceil(ceil(960 * 7.5 / 60) / 4)
+
+
+def test_a_counter_seen_shared_is_still_paced_right_after_the_reset() -> None:
+    clock, store, limit = setup(rpu=100, multiplier=60)
+    store.decide_now([Check(0, limit, "k", 4)])  # another stream uses the counter
+    dealer = Dealer(store, 100, clock)
+    ledger = [Ledger(limit, "k")]
+    run(dealer.report(ledger, 0, 1000, 0, False))
+    clock.now = T0 + 60.05  # new window: empty so far
+    assert run(dealer.push(ledger, target=1000)).tokens == 13  # ceil(100 * 7.5 / 59.95)
+
+
+def test_calendar_and_overdraft_limits_are_dealt_from_their_own_windows() -> None:
+    clock = Clock()
+    store = MemoryBackend(clock=clock, sweep_interval=0)
+    dealer = Dealer(store, 100, clock)
+    day = Limit(requests_per_unit=50, unit=Unit.DAY, calendar=True, timezone="Asia/Shanghai",
+                full_key="d.day")
+    borrow = Limit(requests_per_unit=10, unit=Unit.SECOND, unit_multiplier=5, overdraft=5,
+                   full_key="d.borrow")
+    grant = run(dealer.report([Ledger(day, "day")], 0, None, 0, False))
+    assert grant.tokens == 50
+    # Reset at the next Shanghai midnight (UTC+8), not at the UTC day boundary.
+    assert grant.reset_ms == 86_400_000 - (T0 * 1000 + 8 * 3_600_000) % 86_400_000
+    assert run(dealer.report([Ledger(borrow, "b")], 0, None, 0, False)).tokens == 15
