@@ -52,6 +52,7 @@ FLAGS = {
     "response_headers": "add RateLimit-Limit/-Remaining/-Reset/-Policy to responses",
     "json_body": "JSON body on 429 answers (raw_body)",
     "dynamic_metadata": "decision details as dynamic metadata for access logs",
+    "counters_config": "frequency counters YAML: per-domain timezone and key_hash, caches",
 }
 
 

@@ -69,6 +69,7 @@ class Settings:
     response_headers: bool = False  # RateLimit-* headers in response_headers_to_add
     json_body: bool = False  # JSON body (raw_body) on OVER_LIMIT answers
     dynamic_metadata: bool = False  # decision details as dynamic metadata for access logs
+    counters_config: str = ""  # frequency counters YAML (per-domain timezone, key_hash, caches)
 
     def validate(self) -> None:
         if self.failure_mode not in ("allow", "deny"):
