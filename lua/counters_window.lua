@@ -54,7 +54,7 @@ for i, base in ipairs(KEYS) do
       if mode == "a" then
         res = redis.pcall("HINCRBY", key, "c", hits)
         if not failed(res) and res == hits then
-          redis.call("PEXPIREAT", key, stop)
+          redis.call("PEXPIRE", key, stop - now) -- relative: also right with an injected now
           if orig ~= "" then
             redis.call("HSET", key, "k", orig)
           end
