@@ -8,7 +8,7 @@ GET  /v1/counters/list?domain=d                  → live counters, original key
 Bodies must be `content-type: application/json`. An item: {"domain" (or "appid"), "key",
 "time_span", "time_unit": second|minute|hour|day|week|month, "hits", "timezone", "window":
 calendar|rolling_from_first_hit}. Statuses: 400 invalid (batch: nothing charged), 401 token,
-415 not JSON, 503 store failed for an Add (not charged) or a Get with nothing known.
+415 not JSON, 503 an Add the store failed (see message) or a Get with nothing known.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ async def add(request: web.Request) -> web.Response:
     try:
         (res,) = await _service(request).add(items)
     except CounterStoreError as exc:
-        raise _http_error(503, f"not charged: {exc}") from None
+        raise _http_error(503, f"add failed: {exc}") from None
     if res.code != "ok":
         raise _http_error(503, f"not charged: {res.message}")
     return web.json_response(res.to_json())
@@ -114,7 +114,7 @@ async def batch_add(request: web.Request) -> web.Response:
     try:
         results = await _service(request).add(items)
     except CounterStoreError as exc:
-        raise _http_error(503, f"nothing charged: {exc}") from None
+        raise _http_error(503, f"batch add failed: {exc}") from None
     return _batch(results)
 
 

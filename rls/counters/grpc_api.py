@@ -74,7 +74,7 @@ class CountersGrpc:
         try:
             (res,) = await self.service.add(items)
         except CounterStoreError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"not charged: {exc}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"add failed: {exc}")
         if res.code != "ok":
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"not charged: {res.message}")
         return _result(res)
@@ -95,7 +95,7 @@ class CountersGrpc:
         try:
             results = await self.service.add(items)
         except CounterStoreError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"nothing charged: {exc}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"batch add failed: {exc}")
         return batch_response(results)
 
     async def batch_get(

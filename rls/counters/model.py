@@ -181,10 +181,26 @@ class Item:
         The store picks the one containing its own time; a clock within one window of the
         store's therefore never decides which window counts.
         """
-        start, end = calendar_window(now_ms, self.unit, self.span, self.timezone)
-        prev, _ = calendar_window(start - 1, self.unit, self.span, self.timezone)
-        _, after = calendar_window(end, self.unit, self.span, self.timezone)
-        return [prev, start, end, after]
+        return window_bounds(now_ms, self.unit, self.span, self.timezone)
+
+
+_BOUNDS: dict[tuple[Unit, int, str], list[int]] = {}
+
+
+def window_bounds(now_ms: int, unit: Unit, span: int, timezone: str) -> list[int]:
+    """Cached per (unit, span, zone) until `now_ms` leaves the current window: zone arithmetic
+    costs ~50 µs, a batch of 30 would spend 1.5 ms on it."""
+    ident = (unit, span, timezone)
+    found = _BOUNDS.get(ident)
+    if found is not None and found[1] <= now_ms < found[2]:
+        return found
+    start, end = calendar_window(now_ms, unit, span, timezone)
+    prev, _ = calendar_window(start - 1, unit, span, timezone)
+    _, after = calendar_window(end, unit, span, timezone)
+    if len(_BOUNDS) > 4096:
+        _BOUNDS.clear()
+    result = _BOUNDS[ident] = [prev, start, end, after]
+    return result
 
 
 def _text(value: Any, name: str, max_bytes: int) -> str:

@@ -128,15 +128,24 @@ class CountersService:
             self.metrics.items.labels("add", "unavailable").inc(len(items))
             raise
         clock = int(time.time() * 1000)
+        failed = 0
+        remember, hot = self.stale.remember, self.hot
         for item, res in zip(items, results, strict=True):
-            self.metrics.items.labels("add", res.code).inc()
             ident = self._ident(item)
             if res.code == "ok":
-                self.stale.remember(ident, res, clock)
-                self.hot.store(ident, res)
+                remember(ident, res, clock)
+                hot.store(ident, res)
             else:
-                self.hot.invalidate(ident)
+                failed += 1
+                hot.invalidate(ident)
+        self._count("add", len(items) - failed, failed)
         return results
+
+    def _count(self, op: str, ok: int, failed: int) -> None:
+        if ok:
+            self.metrics.items.labels(op, "ok").inc(ok)
+        if failed:
+            self.metrics.items.labels(op, "unavailable").inc(failed)
 
     async def get(self, items: Sequence[Item], now_ms: int | None = None) -> list[Result]:
         """Read every item: hot ones from memory, the rest in one store call; on a store
@@ -147,14 +156,16 @@ class CountersService:
         idents = [self._ident(item) for item in items]
         todo: list[int] = []
         hot = self.hot
+        use_hot = hot.enabled and now_ms is None
         for i, ident in enumerate(idents):
-            cached = hot.lookup(ident) if hot.enabled and now_ms is None else None
+            cached = hot.lookup(ident) if use_hot else None
             if cached is not None:
                 results[i] = cached
-                self.metrics.hot_answers.inc()
-                self.metrics.items.labels("get", "ok").inc()
             else:
                 todo.append(i)
+        if len(todo) < len(items):
+            self.metrics.hot_answers.inc(len(items) - len(todo))
+            self._count("get", len(items) - len(todo), 0)
         self.metrics.hot_keys.set(len(hot.hot))
         if todo:
             clock = int(time.time() * 1000)
@@ -164,14 +175,16 @@ class CountersService:
                 for i in todo:
                     results[i] = self._stale_or_error(idents[i], clock, str(exc))
             else:
+                ok = 0
                 for i, res in zip(todo, fresh, strict=True):
                     if res.code == "ok":
+                        ok += 1
                         self.stale.remember(idents[i], res, clock)
                         hot.store(idents[i], res)
-                        self.metrics.items.labels("get", "ok").inc()
                     else:
                         res = self._stale_or_error(idents[i], clock, res.message)
                     results[i] = res
+                self._count("get", ok, 0)
         return results  # type: ignore[return-value]
 
     def _stale_or_error(self, ident: str, now_ms: int, why: str) -> Result:

@@ -140,7 +140,10 @@ class RedisCounterStore:
         except (TimeoutError, RedisTimeoutError) as exc:
             if breaker is not None:
                 breaker.suspect()
-            raise CounterStoreError(f"redis timeout {exc}".strip()) from exc
+            raise CounterStoreError(
+                f"redis timeout after {self.timeout_s * 1000:.0f} ms (an Add may or may not "
+                "have been applied)"
+            ) from exc
         except (RedisConnectionError, OSError) as exc:
             if breaker is not None:
                 breaker.failure(str(exc))
