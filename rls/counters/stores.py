@@ -17,6 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from rls.backends.pipelining import ScriptBatcher
 from rls.counters.model import Item, Result
 
 SCRIPT_FILE = "counters_window.lua"
@@ -99,7 +100,7 @@ class MemoryCounterStore:
 
 class RedisCounterStore:
     """Counters in Redis through `lua/counters_window.lua`: one EVALSHA per batch (one per
-    hash slot in Cluster mode), reloaded by redis-py on NOSCRIPT.
+    hash slot in Cluster mode), reloaded on NOSCRIPT; concurrent calls are pipelined.
 
     `client` is the RateLimit backend's own redis-py client (same pool, URL schemes, TLS);
     `breaker` its circuit breaker: while open, calls fail at once instead of waiting.
@@ -123,6 +124,12 @@ class RedisCounterStore:
         self.channel = channel
         self.cluster = cluster
         self._script = client.register_script(script_text())
+        # Concurrent calls of this process share one pipelined round trip (as decisions do).
+        self._send: Any = (
+            ScriptBatcher(client, self._script)
+            if not cluster
+            else lambda keys, args: self._script(keys=keys, args=args)
+        )
 
     async def run(
         self, mode: str, items: Sequence[Item], now_ms: int | None = None
@@ -208,16 +215,32 @@ class RedisCounterStore:
         self, mode: str, items: Sequence[Item], bounds_ms: int, now_ms: int | None
     ) -> tuple[int, list[Result | None]]:
         keys = []
-        args: list[Any] = [mode, "" if now_ms is None else str(now_ms), self.channel]
+        sets: dict[tuple[int, ...], int] = {}
+        specs = []
+        originals = []
+        prefix = self.prefix
         for item in items:
-            keys.append(item.base_key(self.prefix))
+            keys.append(item.base_key(prefix))
+            hashed = "1" if item.key_hash else "0"
+            if hashed == "1":
+                originals.append(item.key)
             if item.rolling:
-                args.append(f"r,{item.hits},{item.rolling_ms}")
-            else:
-                b = item.bounds(bounds_ms)
-                args.append(f"c,{item.hits},{b[0]},{b[1]},{b[2]},{b[3]}")
-            args.append(item.key if item.key_hash else "")
-        reply = await self._script(keys=keys, args=args)
+                specs.append(f"r,{item.hits},{item.rolling_ms},{hashed}")
+                continue
+            edges = tuple(item.bounds(bounds_ms))
+            index = sets.get(edges)
+            if index is None:
+                index = sets[edges] = len(sets)
+            specs.append(f"c,{item.hits},{index},{hashed}")
+        args: list[Any] = [
+            mode,
+            "" if now_ms is None else str(now_ms),
+            self.channel,
+            ";".join(",".join(map(str, edges)) for edges in sets),
+            ";".join(specs),
+            *originals,
+        ]
+        reply = await self._send(keys, args)
         now = int(reply[0])
         out: list[Result | None] = []
         for o in range(1, len(reply), 4):
