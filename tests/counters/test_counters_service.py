@@ -4,6 +4,7 @@ redis-server; calendar bounds from the store's clock; batches; stale and hot-key
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -162,15 +163,63 @@ def test_counters_yaml(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(
         "default_timezone: Europe/Paris\n"
-        "domains:\n  ads: {timezone: Asia/Shanghai, key_hash: xxh3}\n"
+        "domains:\n  ads: {timezone: Asia/Shanghai, key_hash: md5}\n"
         "hot_keys: {top_n: 5, threshold_per_second: 10, ttl_ms: 500}\n"
     )
     cfg = load_config(str(path))
-    assert cfg.options("ads") == DomainOptions("Asia/Shanghai", "xxh3")
+    assert cfg.options("ads") == DomainOptions("Asia/Shanghai", "md5")
     assert cfg.options("other").timezone == "Europe/Paris"
-    path.write_text("domains:\n  ads: {key_hash: sha1}\n")
-    with pytest.raises(ValueError, match="key_hash"):
+    assert (cfg.hot_top_n, cfg.hot_threshold, cfg.hot_ttl_ms) == (5, 10.0, 500)
+    for bad, why in (
+        ("domains:\n  ads: {key_hash: sha1}\n", "key_hash"),
+        ("hot_keys: {ttl_ms: 5000}\n", "ttl_ms"),
+        ("default_timezone: Mars/Base\n", "time zone"),
+        ("colour: blue\n", "unknown"),
+    ):
+        path.write_text(bad)
+        with pytest.raises(ValueError, match=why):
+            load_config(str(path))
+
+
+def test_xxh3_keys_need_the_xxhash_package(tmp_path, monkeypatch):
+    import rls.counters.model as model
+
+    path = tmp_path / "c.yaml"
+    path.write_text("domains:\n  ads: {key_hash: xxh3}\n")
+    monkeypatch.setattr(model, "_xxh3", None)
+    with pytest.raises(ValueError, match="xxhash"):
         load_config(str(path))
+    monkeypatch.setattr(model, "_xxh3", lambda data: hashlib.md5(data).hexdigest()[::-1])
+    cfg = load_config(str(path))
+    a = make_item(cfg, "ads", "k" * 500, 1, "day").base_key("rl:")
+    b = make_item(cfg, "ads", "k", 1, "day").base_key("rl:")
+    assert len(a) == len(b) and ":xxh332:" in a
+
+
+async def test_rolling_window_rolls_over_after_its_length():
+    svc = CountersService(MemoryCounterStore(), CFG, CollectorRegistry())
+    it = item(key="roll2", unit="minute", span=10, window="rolling_from_first_hit")
+    t0 = 1_764_000_000_123
+    assert (await svc.add([it], t0))[0].ttl == 600
+    (second,) = await svc.add([it], t0 + 599_000)
+    assert (second.freq, second.ttl) == (2, 1)  # anchored at the first hit, not extended
+    (fresh,) = await svc.add([it], t0 + 600_000)
+    assert (fresh.freq, fresh.ttl) == (1, 600)
+
+
+async def test_redis_rolling_window_keeps_its_first_hit_expiry(redis_url):
+    client = aioredis.from_url(redis_url)
+    try:
+        svc = CountersService(RedisCounterStore(client), CFG, CollectorRegistry())
+        it = item(key="roll3", unit="hour", window="rolling_from_first_hit")
+        await svc.add([it])
+        key = it.base_key("rl:") + ":r"
+        await client.pexpire(key, 1500)  # as if 3598.5 s had passed since the first hit
+        (second,) = await svc.add([it])
+        assert (second.freq, second.ttl) == (2, 2)
+        assert 0 < await client.pttl(key) <= 1500
+    finally:
+        await client.aclose()
 
 
 # --- Redis specifics -------------------------------------------------------------------------
