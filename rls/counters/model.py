@@ -134,9 +134,9 @@ except ImportError:  # pragma: no cover - depends on the environment
     _xxh3 = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Item:
-    """One validated counter operation."""
+    """One validated counter operation (treat as immutable; `_key` memoizes base_key)."""
 
     domain: str
     key: str
@@ -146,6 +146,7 @@ class Item:
     timezone: str
     rolling: bool
     key_hash: str = ""
+    _key: tuple[str, str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def ident(self) -> str:
@@ -162,6 +163,9 @@ class Item:
         The braces make the tag Redis Cluster's hash tag, so the window suffix the script
         appends (`:<start ms>` or `:r`) stays in the slot of the declared key.
         """
+        memo = self._key
+        if memo is not None and memo[0] == prefix:
+            return memo[1]
         key = self.key
         if self.key_hash == "md5":
             key = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
@@ -170,10 +174,12 @@ class Item:
         tz = "" if self.rolling else self.timezone
         window = "r" if self.rolling else "c"
         domain = self.domain
-        return (
+        base = (
             f"{prefix}c{{{len(domain.encode())}:{domain}:{self.key_hash or '-'}"
             f"{len(key.encode())}:{key}:{self.span}{_UNIT_LETTER[self.unit]}{window}:{tz}}}"
         )
+        self._key = (prefix, base)
+        return base
 
     def bounds(self, now_ms: int) -> list[int]:
         """Four window edges around `now_ms`: the previous, current and next windows.

@@ -120,3 +120,19 @@ def test_store_down_add_is_an_error_get_is_stale(rls_factory, tmp_path):
             assert "rls_counters_stale_answers_total 2.0" in resp.read().decode()
     finally:
         own.stop()
+
+
+def test_bad_counters_config_stops_the_server_with_the_file_and_reason(rls_factory, tmp_path):
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text(CONFIG)
+    bad = tmp_path / "counters.yaml"
+    bad.write_text("domains:\n  ads: {timezone: Mars/Base}\n")
+    srv = rls_factory(cfg, args=("--counters-config", str(bad)), wait_healthy=False)
+    assert srv.proc.wait(30) != 0
+    assert "counters.yaml" in srv.log() and "Mars/Base" in srv.log()
+
+
+def test_http_batch_over_30_items_is_refused(server):
+    item = {"domain": "d", "key": "k", "time_unit": "hour"}
+    status, body = http(server.http_url, "/v1/counters/batch_get", {"items": [item] * 31})
+    assert status == 400 and "30" in body["message"]
