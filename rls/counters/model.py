@@ -69,7 +69,9 @@ class CountersConfig:
     hot_top_n: int = 100
     hot_threshold: float = 50.0  # Gets per second of one counter before it is cached
     hot_ttl_ms: int = 1000  # at most 1000
-    timeout_ms: int = 250  # store time of one Add/Get/batch
+    # Store time of one Add/Get/batch call, queueing in this process included. Generous: a
+    # timed-out Add is ambiguous (it may have been applied), which callers cannot retry safely.
+    timeout_ms: int = 1000
 
     def options(self, domain: str) -> DomainOptions:
         found = self.domains.get(domain)

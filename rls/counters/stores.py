@@ -112,7 +112,7 @@ class RedisCounterStore:
         self,
         client: Any,
         prefix: str = "rl:",
-        timeout_s: float = 0.25,
+        timeout_s: float = 1.0,
         breaker: Any = None,
         channel: str = "",
         cluster: bool = False,
