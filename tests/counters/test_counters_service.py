@@ -334,3 +334,19 @@ async def test_hot_key_served_locally_and_invalidated_by_other_replicas_add(redi
         await a.close()
         await ca.aclose()
         await cb.aclose()
+
+
+async def test_redis_batch_of_30_is_one_script_call(redis_url):
+    client = aioredis.from_url(redis_url)
+    try:
+        svc = CountersService(RedisCounterStore(client), CFG, CollectorRegistry())
+        batch = [item(key=f"one{i}", unit=("day", "hour")[i % 2]) for i in range(30)]
+        await svc.add(batch[:1])  # loads the script
+        await client.config_resetstat()
+        await svc.add(batch)
+        await svc.get(batch)
+        stats = await client.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 2
+        assert "cmdstat_hincrby" in stats  # the script did the work
+    finally:
+        await client.aclose()
