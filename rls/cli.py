@@ -66,6 +66,7 @@ FLAGS = {
     "allow_empty_config": "start even with no descriptor loaded (every call answered OK)",
     "strict": "config warnings (repeated YAML key, rate_limit without requests_per_unit, "
     "empty directory) are errors",
+    "counters_config": "frequency counters YAML: per-domain timezone and key_hash, caches",
 }
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"

@@ -26,6 +26,9 @@ from rls.cache.store import GuardedStore, StoreError
 from rls.config.errors import ConfigError
 from rls.config.model import RateLimitConfig
 from rls.config.reload import ConfigHolder
+from rls.counters.grpc_api import CountersGrpc
+from rls.counters.model import CountersConfig, load_config
+from rls.counters.service import CountersService
 from rls.engine.budget import LoopLag
 from rls.engine.limiter import RateLimiter
 from rls.engine.top import TopTalkers, dumps_snapshot
@@ -185,8 +188,18 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     app.limiter.lag.start()
     await attempted.wait()
 
+    try:
+        counters_cfg = (
+            load_config(settings.counters_config) if settings.counters_config else CountersConfig()
+        )
+    except ValueError as exc:
+        raise SystemExit(f"rls: {exc}") from None
+    counters = CountersService.for_backend(
+        app.backend, counters_cfg, app.metrics.registry, settings.key_prefix
+    )
+    await counters.start()
     quota = QuotaService(app.holder.current, app.backend, settings, app.metrics.registry)
-    handlers = [app.service.handler(), quota.handler()]
+    handlers = [app.service.handler(), quota.handler(), CountersGrpc(counters).handler()]
     cache = None
     # grpc's own cap sits above ours, so an oversized request gets rls's INVALID_ARGUMENT with
     # a message rather than grpc's RESOURCE_EXHAUSTED; beyond it grpc still protects memory.
@@ -242,6 +255,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
 
     state = AdminState(app.service, app.metrics, app.holder.current)
     state.store_ready = False
+    state.counters = counters  # type: ignore[attr-defined]  # read by admin/freq.py
     admin_app = create_app(state)
     if cache is not None:
         add_cache_routes(admin_app, cache)
@@ -296,6 +310,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     await server.stop(grace=settings.drain_seconds)
     if cache is not None:
         await cache.close()  # lets pending stores finish (bounded), closes the store
+    await counters.close()
     follower.cancel()
     flusher.cancel()
     starter.cancel()

@@ -73,6 +73,7 @@ class Settings:
     # Off: a missing path, no --config or zero domains is a startup error.
     allow_empty_config: bool = False
     strict: bool = False  # config warnings (duplicate YAML key, no requests_per_unit) are errors
+    counters_config: str = ""  # frequency counters YAML (per-domain timezone, key_hash, caches)
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the

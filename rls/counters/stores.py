@@ -1,0 +1,276 @@
+"""Where counters live: the embedded memory store or Redis (one script call per batch).
+
+Both answer a batch with one Result per item, in order. A failure of the whole call (store
+unreachable, timeout, breaker open) raises CounterStoreError; a failure of one item inside a
+call (e.g. WRONGTYPE, OOM on that write) is that item's Result with code "unavailable".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any, Protocol
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from rls.backends.pipelining import ScriptBatcher
+from rls.counters.model import Item, Result
+
+SCRIPT_FILE = "counters_window.lua"
+
+
+class CounterStoreError(Exception):
+    """The store could not answer the call at all: nothing is known to be charged."""
+
+
+class CounterStore(Protocol):
+    name: str
+
+    async def run(
+        self, mode: str, items: Sequence[Item], now_ms: int | None = None
+    ) -> list[Result]:
+        """`mode` "a" charges each item's hits, "g" reads; all items in one atomic step."""
+        ...
+
+
+def script_text() -> str:
+    return (resources.files("rls") / "lua" / SCRIPT_FILE).read_text(encoding="utf-8")
+
+
+class MemoryCounterStore:
+    """Counters in this process, on its own clock. Expired windows are dropped on access and
+    by `sweep` (called from the service every few seconds)."""
+
+    name = "memory"
+
+    def __init__(self, prefix: str = "rl:", clock: Callable[[], float] = time.time) -> None:
+        self.prefix = prefix
+        self._clock = clock
+        # key -> [count, expires_ms, original key]
+        self._data: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    async def run(
+        self, mode: str, items: Sequence[Item], now_ms: int | None = None
+    ) -> list[Result]:
+        now = int(self._clock() * 1000) if now_ms is None else now_ms
+        return [self._one(mode, item, now) for item in items]
+
+    def _one(self, mode: str, item: Item, now: int) -> Result:
+        base = item.base_key(self.prefix)
+        if item.rolling:
+            key, end = base + ":r", now + item.rolling_ms
+        else:
+            _, start, end, _ = item.bounds(now)
+            key = f"{base}:{start}"
+        entry = self._data.get(key)
+        if entry is not None and entry[1] <= now:
+            del self._data[key]
+            entry = None
+        if mode == "a":
+            if entry is None:
+                entry = [0, end, item.key if item.key_hash else ""]
+                self._data[key] = entry
+            entry[0] += item.hits
+        if entry is None:
+            return Result(freq=0, ttl_ms=0 if item.rolling else end - now)
+        return Result(freq=entry[0], ttl_ms=entry[1] - now)
+
+    def listing(self, domain_prefix: str = "") -> list[dict[str, Any]]:
+        now = int(self._clock() * 1000)
+        return [
+            {"key": key, "original": orig or None, "freq": count, "ttl_ms": exp - now}
+            for key, (count, exp, orig) in self._data.items()
+            if exp > now and key.startswith(self.prefix + "c{" + domain_prefix)
+        ]
+
+    def sweep(self) -> int:
+        now = int(self._clock() * 1000)
+        dead = [k for k, v in self._data.items() if v[1] <= now]
+        for k in dead:
+            del self._data[k]
+        return len(dead)
+
+
+class RedisCounterStore:
+    """Counters in Redis through `lua/counters_window.lua`: one EVALSHA per batch (one per
+    hash slot in Cluster mode), reloaded on NOSCRIPT; concurrent calls are pipelined.
+
+    `client` is the RateLimit backend's own redis-py client (same pool, URL schemes, TLS);
+    `breaker` its circuit breaker: while open, calls fail at once instead of waiting.
+    """
+
+    name = "redis"
+
+    def __init__(
+        self,
+        client: Any,
+        prefix: str = "rl:",
+        timeout_s: float = 1.0,
+        breaker: Any = None,
+        channel: str = "",
+        cluster: bool = False,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.breaker = breaker
+        self.channel = channel
+        self.cluster = cluster
+        self._script = client.register_script(script_text())
+        # Concurrent calls of this process share one pipelined round trip (as decisions do).
+        self._send: Any = (
+            ScriptBatcher(client, self._script)
+            if not cluster
+            else lambda keys, args: self._script(keys=keys, args=args)
+        )
+
+    async def run(
+        self, mode: str, items: Sequence[Item], now_ms: int | None = None
+    ) -> list[Result]:
+        breaker = self.breaker
+        if breaker is not None and not breaker.allow():
+            raise CounterStoreError("redis circuit open")
+        try:
+            if self.cluster:
+                results = await self._run_cluster(mode, items, now_ms)
+            else:
+                results = await asyncio.wait_for(
+                    self._run_group(mode, items, now_ms), self.timeout_s
+                )
+        except (TimeoutError, RedisTimeoutError) as exc:
+            if breaker is not None:
+                breaker.suspect()
+            raise CounterStoreError(
+                f"redis timeout after {self.timeout_s * 1000:.0f} ms (an Add may or may not "
+                "have been applied)"
+            ) from exc
+        except (RedisConnectionError, OSError) as exc:
+            if breaker is not None:
+                breaker.failure(str(exc))
+            raise CounterStoreError(f"redis: {exc}") from exc
+        except RedisError as exc:
+            if breaker is not None:
+                breaker.suspect()
+            raise CounterStoreError(f"redis: {exc}") from exc
+        if breaker is not None:
+            breaker.success()
+        return results
+
+    async def _run_cluster(
+        self, mode: str, items: Sequence[Item], now_ms: int | None
+    ) -> list[Result]:
+        """One call per hash slot; a slot whose node fails marks only its items."""
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(self.client.keyslot(item.base_key(self.prefix)), []).append(i)
+        parts = list(groups.values())
+        answers = await asyncio.gather(
+            *(
+                asyncio.wait_for(
+                    self._run_group(mode, [items[i] for i in idx], now_ms), self.timeout_s
+                )
+                for idx in parts
+            ),
+            return_exceptions=True,
+        )
+        results: list[Result] = [Result()] * len(items)
+        failures = 0
+        for idx, answer in zip(parts, answers, strict=True):
+            if isinstance(answer, BaseException):
+                failures += 1
+                for i in idx:
+                    results[i] = Result("unavailable", f"redis: {answer!r}")
+                continue
+            for i, res in zip(idx, answer, strict=True):
+                results[i] = res
+        if failures == len(parts):
+            raise CounterStoreError(f"redis: {answers[0]!r}")
+        return results
+
+    async def _run_group(
+        self, mode: str, items: Sequence[Item], now_ms: int | None
+    ) -> list[Result]:
+        # Bounds are computed from our clock; the script picks by the store's. Items whose
+        # store time fell outside (our clock off by more than a window) are sent once more
+        # with bounds computed from the store's time that the first call returned.
+        clock = int(time.time() * 1000) if now_ms is None else now_ms
+        now, results = await self._call(mode, items, clock, now_ms)
+        retry = [i for i, r in enumerate(results) if r is None]
+        if retry:
+            _, again = await self._call(mode, [items[i] for i in retry], now, now_ms)
+            for i, res in zip(retry, again, strict=True):
+                results[i] = res if res is not None else Result(
+                    "unavailable", "store clock moved outside the window bounds"
+                )
+        return results  # type: ignore[return-value]
+
+    async def _call(
+        self, mode: str, items: Sequence[Item], bounds_ms: int, now_ms: int | None
+    ) -> tuple[int, list[Result | None]]:
+        keys = []
+        sets: dict[tuple[int, ...], int] = {}
+        specs = []
+        originals = []
+        prefix = self.prefix
+        for item in items:
+            keys.append(item.base_key(prefix))
+            hashed = "1" if item.key_hash else "0"
+            if hashed == "1":
+                originals.append(item.key)
+            if item.rolling:
+                specs.append(f"r,{item.hits},{item.rolling_ms},{hashed}")
+                continue
+            edges = tuple(item.bounds(bounds_ms))
+            index = sets.get(edges)
+            if index is None:
+                index = sets[edges] = len(sets)
+            specs.append(f"c,{item.hits},{index},{hashed}")
+        args: list[Any] = [
+            mode,
+            "" if now_ms is None else str(now_ms),
+            self.channel,
+            ";".join(",".join(map(str, edges)) for edges in sets),
+            ";".join(specs),
+            *originals,
+        ]
+        reply = await self._send(keys, args)
+        now = int(reply[0])
+        out: list[Result | None] = []
+        for o in range(1, len(reply), 4):
+            code = int(reply[o])
+            if code == 1:
+                out.append(None)
+            elif code == 2:
+                msg = reply[o + 3]
+                out.append(Result("unavailable", msg.decode() if isinstance(msg, bytes) else msg))
+            else:
+                out.append(Result(freq=int(reply[o + 1]), ttl_ms=int(reply[o + 2])))
+        return now, out
+
+    async def listing(self, domain_prefix: str = "", limit: int = 1000) -> list[dict[str, Any]]:
+        """Live counters under a domain (SCAN; Cluster: the first node only), with the
+        original key of hashed counters."""
+        pattern = f"{self.prefix}c{{{domain_prefix}*"
+        out: list[dict[str, Any]] = []
+        async for raw in self.client.scan_iter(match=pattern, count=500):
+            key = raw.decode() if isinstance(raw, bytes) else raw
+            count, orig = await self.client.hmget(key, "c", "k")
+            ttl = await self.client.pttl(key)
+            out.append(
+                {
+                    "key": key,
+                    "original": orig.decode() if orig else None,
+                    "freq": int(count or 0),
+                    "ttl_ms": int(ttl),
+                }
+            )
+            if len(out) >= limit:
+                break
+        return out

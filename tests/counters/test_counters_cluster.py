@@ -1,0 +1,45 @@
+"""Counters on Redis Cluster: a batch spread over slots is one script call per slot, and a
+slot whose master is down fails only its own items (per-item codes), not the batch."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+from redis_topologies.servers import start_cluster
+
+from rls.backends import create_backend
+from rls.counters.model import CountersConfig, make_item
+from rls.counters.service import CountersService
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    topo = start_cluster(tmp_path_factory.mktemp("counters-cluster"), masters=3, replicas=0)
+    try:
+        yield topo
+    finally:
+        topo.stop()
+
+
+async def test_cluster_batch_spans_slots_and_a_down_master_fails_only_its_items(cluster):
+    cluster.flush()
+    backend = create_backend(cluster.url, timeout_ms=500)
+    await backend.start()
+    cfg = CountersConfig()
+    svc = CountersService.for_backend(backend, cfg, CollectorRegistry(), "rl:")
+    try:
+        items = [make_item(cfg, "d", f"user:{i}", 1, "hour", hits=2) for i in range(30)]
+        first = await svc.add(items)
+        assert [(r.code, r.freq) for r in first] == [("ok", 2)] * 30
+        owners = [cluster.slot_owner(it.base_key("rl:")).port for it in items]
+        assert len(set(owners)) == 3  # the batch really spans the three masters
+        victim = cluster.masters[0]
+        victim.stop()
+        second = await svc.add(items)
+        for owner, res in zip(owners, second, strict=True):
+            if owner == victim.port:
+                assert res.code == "unavailable"
+            else:
+                assert (res.code, res.freq) == ("ok", 4)
+    finally:
+        await backend.close()
