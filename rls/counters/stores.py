@@ -125,9 +125,10 @@ class RedisCounterStore:
         self.cluster = cluster
         self._script = client.register_script(script_text())
         # Concurrent calls of this process share one pipelined round trip (as decisions do).
+        batcher = None if cluster else ScriptBatcher(client)
         self._send: Any = (
-            ScriptBatcher(client, self._script)
-            if not cluster
+            (lambda keys, args: batcher(self._script, keys, args))
+            if batcher is not None
             else lambda keys, args: self._script(keys=keys, args=args)
         )
 
