@@ -128,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     purge = cache_sub.add_parser("purge", help="drop every entry of one API (O(1))")
     purge.add_argument("--api", required=True)
     purge.add_argument("--admin", "--admin-url", dest="admin", default=admin_default)
+    from rls.top_cli import add_parser as add_top_parser
+
+    add_top_parser(sub, admin_default)
     demo = sub.add_parser("demo", help="start Envoy + rls + a tiny backend locally")
     demo.add_argument("args", nargs=argparse.REMAINDER)
     return parser
@@ -222,6 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rls.cache.cli import purge
 
         return purge(args.admin, args.api, os.environ.get("RLS_ADMIN_TOKEN"))
+    if args.command == "top":
+        from rls.top_cli import main as top_main
+
+        return top_main(args)
     if args.command == "demo":
         from rls.demo import main as demo_main
 
