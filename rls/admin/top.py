@@ -12,6 +12,7 @@ Query: `domain` (one domain, default all), `sort` (`over` | `near`), `window` (`
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -30,11 +31,9 @@ STALE_SECONDS = 5.0
 MAX_LIMIT = 1000
 
 
-def worker_snapshots(own: TopTalkers, directory: str | None) -> list[dict[str, Any]]:
-    """This process's live snapshot plus the fresh files of the other workers."""
-    snapshots = [own.snapshot()]
-    if directory is None:
-        return snapshots
+def other_workers(directory: str) -> list[dict[str, Any]]:
+    """The fresh snapshot files of the other workers (blocking file reads: run off the loop)."""
+    snapshots: list[dict[str, Any]] = []
     mine = f"top-{os.getpid()}.json"
     now = time.time()
     for path in Path(directory).glob("top-*.json"):
@@ -73,8 +72,11 @@ async def top(request: web.Request) -> web.Response:
         domain, sort, window, limit = _query(request)
     except ValueError as exc:
         return web.json_response({"error": str(exc)}, status=400)
+    own: TopTalkers = request.app["state"].service.limiter.top
+    snapshots = [own.snapshot()]  # on the loop: the sketch is only touched there
     directory = shared_dir()
-    snapshots = worker_snapshots(request.app["state"].service.limiter.top, directory)
+    if directory is not None:
+        snapshots += await asyncio.to_thread(other_workers, directory)
     domains = merge_top(snapshots, window=window, sort=sort, domain=domain, limit=limit)
     return web.json_response(
         {"window": window, "sort": sort, "workers": len(snapshots), "domains": domains}

@@ -115,10 +115,11 @@ def test_every_panel_and_alert_returns_data_from_prometheus_scraping_rls(
             _story(rls, redis, prom)
             try:
                 _assert_everything_has_data(prom)
-            except AssertionError:
-                text = http_get(rls.http_url + "/metrics")[1].decode()
-                Path("/tmp/obs_metrics.txt").write_text(text + rls.log())
-                raise
+            except AssertionError as exc:
+                metrics = http_get(rls.http_url + "/metrics")[1].decode()
+                raise AssertionError(
+                    f"{exc}\n--- rls /metrics ---\n{metrics}\n--- rls log ---\n{rls.log()[-4000:]}"
+                ) from None
         finally:
             prom.stop()
     finally:

@@ -109,3 +109,21 @@ def test_top_sums_over_workers_with_redis(rls_factory, tmp_path: Path):
         assert all(part > 0 for part in parts), parts
     finally:
         redis.stop()
+
+
+def test_other_workers_skips_own_stale_and_half_written_files(tmp_path: Path):
+    import os
+    import time
+
+    from rls.admin.top import STALE_SECONDS, other_workers
+
+    snap = {"now": 1, "domains": {}}
+    (tmp_path / "top-1.json").write_text(json.dumps(snap))  # a live worker
+    (tmp_path / f"top-{os.getpid()}.json").write_text(json.dumps(snap))  # this process
+    dead = tmp_path / "top-2.json"  # a worker that died: its file stopped changing
+    dead.write_text(json.dumps(snap))
+    old = time.time() - STALE_SECONDS - 1
+    os.utime(dead, (old, old))
+    (tmp_path / "top-3.json").write_text('{"now": ')  # not valid JSON
+    (tmp_path / "top-4.tmp").write_text(json.dumps(snap))  # being written
+    assert other_workers(str(tmp_path)) == [snap]
