@@ -25,6 +25,7 @@ from rls.settings import (
     env_value,
     parse_bool,
 )
+from rls.top_cli import add_parser as add_top_parser
 
 # Settings exposed as flags: name -> help. Every flag also reads RLS_<NAME>.
 FLAGS = {
@@ -225,6 +226,7 @@ def _parser() -> argparse.ArgumentParser:
     purge = cache_sub.add_parser("purge", help="drop every entry of one API (O(1))")
     purge.add_argument("--api", required=True)
     _admin_options(purge)
+    add_top_parser(sub, env_value("admin_url") or ADMIN_URL_DEFAULT)
     # `rls demo ...` is handed to rls.demo's own parser before this one runs (see main), so
     # `rls demo --help` shows the demo's options; this entry only lists it in `rls --help`.
     sub.add_parser("demo", help="start Envoy + rls + a tiny backend locally (rls demo --help)")
@@ -368,6 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check_config(args.paths, args.merge_domains, args.strict)
     if args.command in ("counters", "usage", "switches", "cache"):
         return _admin_command(args)
+    if args.command == "top":
+        from rls.top_cli import main as top_main
+
+        return top_main(args)
     try:
         settings = _settings_from(args)
     except ValueError as exc:

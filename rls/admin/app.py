@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from rls.admin.counters import add_counter_routes
 from rls.admin.freq import add_freq_routes
 from rls.admin.switches import add_switch_routes, publish, switch_state
+from rls.admin.top import add_top_routes
 from rls.admin.usage import add_usage_routes
 from rls.config.model import Limit, RateLimitConfig
 from rls.engine.limiter import InvalidRequest
@@ -47,6 +48,7 @@ def create_app(state: AdminState) -> web.Application:
     add_usage_routes(app)
     add_switch_routes(app)
     add_freq_routes(app, getattr(state, "counters", None))
+    add_top_routes(app)
     publish(state.service.settings, state.metrics)
     return app
 

@@ -337,7 +337,14 @@ class Renderer:
             return FUNCS[text](*args), pos
         if not first:
             raise TemplateError(f"cannot pipe into {text!r}")
-        return self._operand(toks, pos, dot, scope)
+        value, end = self._operand(toks, pos, dot, scope)
+        if callable(value):  # a method such as .Files.Get "path"
+            args = []
+            while end < len(toks) and toks[end] not in (("punct", "|"), ("punct", ")")):
+                arg, end = self._operand(toks, end, dot, scope)
+                args.append(arg)
+            return value(*args), end
+        return value, end
 
     def _operand(self, toks: list[tuple[str, str]], pos: int, dot: Any,
                  scope: dict[str, Any]) -> tuple[Any, int]:
@@ -389,6 +396,14 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def _chart_file(chart_dir: Path, name: str) -> str:
+    """`.Files.Get`: a file of the chart. Helm renders "" for a missing file; this fails."""
+    path = (chart_dir / name).resolve()
+    if chart_dir.resolve() not in path.parents or not path.is_file():
+        raise TemplateError(f".Files.Get: no file {name!r} in the chart")
+    return path.read_text()
+
+
 def render_chart(chart_dir: Path, overrides: dict[str, Any] | None = None,
                  release: str = "demo", namespace: str = "rate-limit") -> dict[str, str]:
     """Template file name -> rendered text (partials and NOTES.txt included)."""
@@ -402,6 +417,7 @@ def render_chart(chart_dir: Path, overrides: dict[str, Any] | None = None,
         "Chart": {"Name": chart["name"], "Version": chart["version"],
                   "AppVersion": chart.get("appVersion", "")},
     }
+    root["Files"] = {"Get": lambda name: _chart_file(chart_dir, name)}
     defines: dict[str, list[Node]] = {}
     parsed = {}
     templates = sorted((chart_dir / "templates").iterdir())

@@ -21,6 +21,7 @@ schema validation against a Kubernetes API server, and installing the chart.
 from __future__ import annotations
 
 import base64
+import json
 import re
 import subprocess
 import tomllib
@@ -48,6 +49,8 @@ ALL_ON: dict[str, Any] = {
     "envoy": {"enabled": True, "args": ["--log-level", "info"]},
     "autoscaling": {"enabled": True},
     "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "rls"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
     "extraArgs": ["--shadow-mode"],
     "extraEnv": [{"name": "RLS_NEAR_LIMIT_RATIO", "value": "0.9"}],
     "podAnnotations": {"team": "edge"},
@@ -261,6 +264,45 @@ def test_notes_render_and_warn_about_memory_counters_with_several_pods():
     assert "WARNING" in notes
     assert "WARNING" not in render_chart(CHART, ALL_ON)["NOTES.txt"]
     assert "WARNING" not in render_chart(CHART)["NOTES.txt"]
+
+
+def test_dashboard_and_alert_rules_render_only_when_enabled():
+    defaults = manifests()
+    assert not [k for k in defaults if k[0] == "PrometheusRule"]
+    assert not [k for k in defaults if k[0] == "ConfigMap" and k[1].endswith("-dashboard")]
+    objs = manifests(ALL_ON)
+
+    dashboard = objs[("ConfigMap", "demo-rls-dashboard")]
+    labels = dashboard["metadata"]["labels"]
+    assert labels["grafana_dashboard"] == "1"  # the Grafana sidecar's label, a string
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "rls"}
+    (text,) = dashboard["data"].values()
+    shipped = json.loads((CHART / "files" / "grafana-dashboard.json").read_text())
+    assert json.loads(text) == shipped
+
+    rule = only(objs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    plain = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    assert rule["spec"] == plain  # the plain rules file, embedded unchanged
+    assert {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]} == {
+        "RlsFailureModeAnswers", "RlsStoreUnreachable", "RlsConfigReloadFailing",
+        "RlsDecisionLatencyOverBudget", "RlsCacheStoreDown", "RlsLimitNearCeiling",
+    }
+
+
+def test_minihelm_files_get_fails_on_a_missing_file(tmp_path: Path):
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "Chart.yaml").write_text("apiVersion: v2\nname: t\nversion: 0.1.0\n")
+    (tmp_path / "values.yaml").write_text("{}\n")
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "a.txt").write_text("hello")
+    template = tmp_path / "templates" / "x.yaml"
+    template.write_text('x: {{ .Files.Get "files/a.txt" | quote }}\n')
+    assert render_chart(tmp_path)["x.yaml"] == 'x: "hello"\n'
+    template.write_text('x: {{ .Files.Get "files/missing.txt" }}\n')
+    with pytest.raises(TemplateError, match="no file"):
+        render_chart(tmp_path)
 
 
 def test_minihelm_is_strict(tmp_path: Path):

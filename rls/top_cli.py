@@ -1,0 +1,91 @@
+"""`rls top`: who is being limited right now, refreshed like `top`.
+
+A thin client of the admin `GET /top` (rls/admin/top.py): every `--interval` seconds it clears
+the terminal and prints one table of the descriptors over (or near) their limits, per domain,
+summed over the workers. `--once` prints the table once without clearing, for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import urllib.parse
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from rls.admin.client import call
+
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def add_parser(sub: Any, admin_default: str) -> None:
+    """Register `rls top` on the CLI's subparsers."""
+    top = sub.add_parser("top", help="descriptors over / near their limits now (like top)")
+    top.add_argument("--admin", default=admin_default, help="admin API base URL")
+    top.add_argument("--domain", help="only this domain")
+    top.add_argument("--sort", choices=["over", "near"], default="over")
+    top.add_argument("--window", choices=["1m", "5m"], default="1m")
+    top.add_argument("--limit", type=int, default=20, help="rows per domain")
+    top.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    top.add_argument("--once", action="store_true", help="print once and exit (for scripts)")
+    top.add_argument("--token", help="admin bearer token (default: env RLS_ADMIN_TOKEN)")
+
+
+def fetch(args: argparse.Namespace) -> tuple[int, Any]:
+    query = {"sort": args.sort, "window": args.window, "limit": str(args.limit)}
+    if args.domain:
+        query["domain"] = args.domain
+    token = args.token or os.environ.get("RLS_ADMIN_TOKEN")
+    return call(args.admin, "/top?" + urllib.parse.urlencode(query), token=token)
+
+
+def render(payload: dict[str, Any], args: argparse.Namespace) -> str:
+    """The table: one row per descriptor, domains in name order, rows in the server's order."""
+    stamp = datetime.now(UTC).strftime("%H:%M:%S")
+    lines = [
+        f"rls top - {args.admin}  window {payload['window']}  sort {payload['sort']}  "
+        f"workers {payload['workers']}  {stamp} UTC",
+        f"{'DOMAIN':<20} {'OVER':>10} {'NEAR':>10} {'±ERR':>8}  DESCRIPTOR",
+    ]
+    rows = 0
+    for domain, entries in payload["domains"].items():
+        for row in entries:
+            lines.append(
+                f"{domain[:20]:<20} {row['over']:>10} {row['near']:>10} {row['error']:>8}  "
+                f"{row['descriptor']}"
+            )
+            rows += 1
+    if rows == 0:
+        lines.append(f"(no descriptor {payload['sort']} its limit in the last {payload['window']})")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    while True:
+        try:
+            status, payload = fetch(args)
+        except OSError as exc:
+            status, payload = 0, {"error": str(exc)}
+        if status == 200:
+            text = render(payload, args)
+        else:
+            error = payload.get("error") if isinstance(payload, dict) else payload
+            text = f"rls top: {args.admin}: {status or 'unreachable'}: {error}\n"
+        if args.once:
+            (out if status == 200 else sys.stderr).write(text)
+            return 0 if status == 200 else 1
+        out.write(CLEAR + text)
+        out.flush()
+        try:
+            time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return 0
