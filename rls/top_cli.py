@@ -15,7 +15,7 @@ import urllib.parse
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from rls.admin.client import call
+from rls.admin.client import HttpFailure, call
 
 CLEAR = "\x1b[H\x1b[2J"
 
@@ -34,11 +34,15 @@ def add_parser(sub: Any, admin_default: str) -> None:
 
 
 def fetch(args: argparse.Namespace) -> tuple[int, Any]:
+    """(HTTP status, JSON payload) of GET /top; status 0 when the admin API is unreachable."""
     query = {"sort": args.sort, "window": args.window, "limit": str(args.limit)}
     if args.domain:
         query["domain"] = args.domain
     token = args.token or os.environ.get("RLS_ADMIN_TOKEN")
-    return call(args.admin, "/top?" + urllib.parse.urlencode(query), token=token)
+    try:
+        return 200, call(args.admin, "/top?" + urllib.parse.urlencode(query), token=token)
+    except HttpFailure as exc:
+        return exc.status, {"error": str(exc).split(": ", 1)[-1]}
 
 
 def render(payload: dict[str, Any], args: argparse.Namespace) -> str:
