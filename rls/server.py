@@ -81,8 +81,9 @@ async def _flush_metrics(metrics: Metrics, interval: float = 1.0) -> None:
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     app = build_app(settings)
-    if not app.holder.reload():
-        log.error("initial configuration failed to load; serving errors until it is fixed")
+    if not app.holder.reload():  # same rule as a reload: one bad file rejects the whole load
+        log.error("cannot start: configuration failed to load: %s", app.holder.last_error)
+        return 1
     app.holder.start(settings.reload_interval)
     try:
         await app.backend.start()
