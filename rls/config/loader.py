@@ -28,6 +28,7 @@ from rls.config.usage_stats import parse_usage_stats
 from rls.config.yaml_source import YamlBudget, as_str, parse_yaml
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
+MAX_FILE_BYTES = 1 << 20
 
 log = logging.getLogger("rls.config")
 
@@ -46,7 +47,7 @@ class LoadBudget:
     descriptors) while bounding what a broken or malicious file can cost.
     """
 
-    max_file_bytes: int = 1 << 20
+    max_file_bytes: int = MAX_FILE_BYTES
     max_total_bytes: int = 64 << 20
     max_files: int = 50_000
     max_nodes: int = 1_000_000  # per file, YAML aliases expanded
@@ -246,7 +247,7 @@ def _check_depth(file: str, items: object, depth: int) -> None:
             _check_depth(file, item.get("descriptors"), depth + 1)
 
 
-def read_text(file: str, max_bytes: int = LoadBudget.max_file_bytes) -> str:
+def read_text(file: str, max_bytes: int = MAX_FILE_BYTES) -> str:
     """A regular file's text, at most `max_bytes`; ConfigError otherwise.
 
     Opened non-blocking and checked with fstat before reading, so a FIFO (or a file swapped
