@@ -48,6 +48,8 @@ FLAGS = {
     "response_headers": "add RateLimit-Limit/-Remaining/-Reset/-Policy to responses",
     "json_body": "JSON body on 429 answers (raw_body)",
     "dynamic_metadata": "decision details as dynamic metadata for access logs",
+    "admin_insecure": "allow the admin listener off loopback without RLS_ADMIN_TOKEN",
+    "grpc_token": "token gRPC callers must send as `authorization: Bearer …` (prefer the env)",
 }
 
 

@@ -11,7 +11,7 @@ import grpc
 from aiohttp import web
 from grpc_health.v1 import health_pb2_grpc
 
-from rls.admin.app import AdminState, create_app
+from rls.admin.app import RUNNER_OPTIONS, AdminState, create_app
 from rls.admin.cache import add_cache_routes
 from rls.admin.switches import follow_shared
 from rls.backends import create_backend
@@ -21,6 +21,7 @@ from rls.cache import build_cache
 from rls.config.errors import ConfigError
 from rls.config.reload import ConfigHolder
 from rls.engine.limiter import RateLimiter
+from rls.grpc_auth import interceptors
 from rls.metrics import Metrics
 from rls.services.health import create_health, set_serving
 from rls.services.ratelimit import RateLimitService
@@ -106,6 +107,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
         # Buffered bodies arrive in one message; RateLimitService checks its own size limit.
         max_message = max(max_message, 16 << 20)
     server = grpc.aio.server(
+        interceptors=interceptors(settings.grpc_token),
         options=[
             ("grpc.max_receive_message_length", max_message),
             # Shared ports only for --workers: otherwise a second rls on the same port must fail.
@@ -129,7 +131,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     admin_app = create_app(state)
     if cache is not None:
         add_cache_routes(admin_app, cache)
-    runner = web.AppRunner(admin_app, access_log=None)
+    runner = web.AppRunner(admin_app, access_log=None, **RUNNER_OPTIONS)
     await runner.setup()
     host, http_port = split_addr(settings.http_addr)
     site = web.TCPSite(runner, host, http_port, reuse_port=shared_dir() is not None)

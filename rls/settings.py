@@ -5,6 +5,7 @@ Precedence: flag > RLS_* env > envoyproxy/ratelimit env equivalent > default.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 
@@ -61,6 +62,9 @@ class Settings:
     response_headers: bool = False  # RateLimit-* headers in response_headers_to_add
     json_body: bool = False  # JSON body (raw_body) on OVER_LIMIT answers
     dynamic_metadata: bool = False  # decision details as dynamic metadata for access logs
+    # Admin listener off loopback without RLS_ADMIN_TOKEN: refused unless this is set.
+    admin_insecure: bool = False
+    grpc_token: str = ""  # when set, gRPC calls need metadata `authorization: Bearer <token>`
 
     def validate(self) -> None:
         if self.failure_mode not in ("allow", "deny"):
@@ -69,9 +73,27 @@ class Settings:
             raise ValueError("key_prefix must be at most 32 bytes")
         if self.workers < 1:
             raise ValueError("workers must be at least 1")
+        if not (self.admin_insecure or os.environ.get("RLS_ADMIN_TOKEN")):
+            if not is_loopback(self.http_addr):
+                raise ValueError(
+                    f"admin listener {self.http_addr} is not on loopback and RLS_ADMIN_TOKEN "
+                    "is not set: set a token, bind --http-addr 127.0.0.1:PORT, "
+                    "or pass --admin-insecure"
+                )
         from rls.backends.urls import normalize_redis_url
 
         self.redis_url = normalize_redis_url(self.redis_url)
+
+
+def is_loopback(addr: str) -> bool:
+    """Whether a `host:port` listen address is reachable from this host only."""
+    host = addr.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # empty (all interfaces) or a host name: assume reachable
+        return False
 
 
 def env_value(name: str, environ: dict[str, str] | None = None) -> str | None:

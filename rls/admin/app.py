@@ -10,6 +10,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from rls.admin.auth import IDLE_SECONDS, MAX_BODY_BYTES, BadBody, guard, read_json
 from rls.admin.counters import add_counter_routes
 from rls.admin.switches import add_switch_routes, publish, switch_state
 from rls.admin.usage import add_usage_routes
@@ -34,8 +35,14 @@ class AdminState:
         self.draining = False
 
 
+# aiohttp server options of the admin listener (web.AppRunner keyword arguments): idle
+# connections, and connections that dribble their request headers, are closed after
+# IDLE_SECONDS (aiohttp starts this timer when a connection opens).
+RUNNER_OPTIONS: dict[str, float] = {"keepalive_timeout": IDLE_SECONDS}
+
+
 def create_app(state: AdminState) -> web.Application:
-    app = web.Application(client_max_size=1024 * 1024)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[guard])
     app["state"] = state
     app.router.add_get("/healthcheck", healthcheck)
     app.router.add_get("/metrics", metrics)
@@ -122,12 +129,12 @@ def _limit_json(limit: Limit) -> dict[str, object]:
 async def json_decide(request: web.Request) -> web.Response:
     """ShouldRateLimit with a proto3-JSON RateLimitRequest body (envoyproxy/ratelimit /json)."""
     state: AdminState = request.app["state"]
-    body = await request.text()
-    if not body.strip():
-        return web.Response(status=400, text="Bad Request\n")
     try:
-        req = json_format.Parse(body, rls_pb2.RateLimitRequest())
-    except (json_format.ParseError, ValueError) as exc:
+        body = await read_json(request)
+        req = json_format.ParseDict(body, rls_pb2.RateLimitRequest())
+    except BadBody as exc:
+        return exc.response
+    except (json_format.ParseError, ValueError, TypeError, AttributeError) as exc:
         return web.Response(status=400, text=f"Bad Request: {exc}\n")
     try:
         resp = await state.service.decide(req)
