@@ -241,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rls.workers import supervise
 
         argv = list(sys.argv[1:] if argv is None else argv)
-        return supervise(_without_workers(argv), settings.workers)
+        budget = settings.shutdown_delay_ms / 1000 + settings.drain_seconds + 5.0
+        return supervise(_without_workers(argv), settings.workers, budget)
     from rls.server import serve
 
     try:

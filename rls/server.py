@@ -26,7 +26,7 @@ from rls.metrics import Metrics
 from rls.services.health import create_health, set_serving
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
-from rls.workers import shared_dir
+from rls.workers import shared_dir, watch_supervisor
 
 log = logging.getLogger("rls.server")
 
@@ -81,6 +81,7 @@ async def _flush_metrics(metrics: Metrics, interval: float = 1.0) -> None:
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
+    watch_supervisor()  # a --workers worker drains and exits when its supervisor dies
     app = build_app(settings)
     if not app.holder.reload():  # same rule as a reload: one bad file rejects the whole load
         log.error("cannot start: configuration failed to load: %s", app.holder.last_error)
