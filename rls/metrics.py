@@ -112,6 +112,12 @@ class Metrics:
             registry=r,
             multiprocess_mode="max",
         )
+        self.releases_ignored = Counter(
+            "rls_releases_ignored",
+            "is_negative_hits on limits that do not accept releases (ignored), by domain",
+            ["domain"],
+            registry=r,
+        )
         self.fallback = Counter(
             "rls_fallback_decisions",
             "Calls decided by the local fallback limiter while the backend was away",

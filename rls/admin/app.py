@@ -120,6 +120,7 @@ def _limit_json(limit: Limit) -> dict[str, object]:
         "calendar": limit.calendar,
         "timezone": limit.timezone,
         "charge": "always" if limit.charge_always else "on_allow",
+        "accept_releases": limit.accept_releases,
         "shadow_mode": limit.shadow_mode,
         "quota_mode": limit.quota_mode,
         "replaces": sorted(limit.replaces),

@@ -73,6 +73,10 @@ class Limit:
     calendar: bool = False
     timezone: str = "UTC"
     charge_always: bool = False
+    # Whether is_negative_hits may give hits back (YAML `accept_releases`); None = only for
+    # `concurrency`, whose leases are released that way. Elsewhere a release is ignored: any
+    # caller could otherwise zero any counter with one huge negative addend.
+    accept_releases: bool | None = None
     # Config path for metrics, e.g. "domain.key1_value1.subkey1" (reference stats key).
     full_key: str = ""
     index: int = 0
@@ -84,6 +88,8 @@ class Limit:
     script_params: str = ""
 
     def __post_init__(self) -> None:
+        if self.accept_releases is None:
+            self.accept_releases = self.algorithm == "concurrency"
         if self.unit in UNIT_SECONDS:
             self.window_ms = UNIT_SECONDS[self.unit] * 1000 * max(1, self.unit_multiplier)
         burst = self.burst if self.burst is not None else self.requests_per_unit

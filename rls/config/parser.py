@@ -53,6 +53,7 @@ EXTENSION_KEYS = frozenset(
         "calendar",
         "timezone",
         "charge",
+        "accept_releases",
         "usage_stats",
         "failure_mode",
     }
@@ -246,6 +247,7 @@ class DomainParser:
             raise self.fail(f"'{path}': charge must be 'on_allow' or 'always', not '{charge}'")
         if not unlimited and unit not in UNIT_SECONDS:
             raise self.fail(f"invalid rate limit unit '{unit_text}'")
+        accept = spec.get("accept_releases")
         return Limit(
             requests_per_unit=rpu,
             unit=unit,
@@ -261,6 +263,7 @@ class DomainParser:
             calendar=calendar,
             timezone=timezone,
             charge_always=charge == "always",
+            accept_releases=None if accept is None else as_bool(f, accept, "accept_releases"),
             full_key=path,
             index=index,
         )

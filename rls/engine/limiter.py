@@ -180,6 +180,9 @@ class RateLimiter:
             if limit.charge_always:
                 flags |= CHARGE_ALWAYS
             if negative:
+                if not limit.accept_releases:  # see Limit.accept_releases
+                    self.metrics.releases_ignored.labels(domain).inc()
+                    continue
                 flags |= NEGATIVE
             bounds = None
             if limit.calendar:
