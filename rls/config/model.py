@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from rls.memo import MATCH_MEMO_BYTES, MATCH_MEMO_ENTRIES, BoundedCache
+
 
 class Unit(IntEnum):
     """Numbering of envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit."""
@@ -153,8 +155,9 @@ class Domain:
     failure_mode: str | None = None  # allow | deny when the backend fails; None = global
     usage: Any = None  # rls.engine.usage.UsageConfig when usage_stats is configured
     # Match results by request entries, filled by the limiter; a reload builds new Domains,
-    # so the memo never outlives the config it was computed from.
-    memo: dict[Any, Any] = field(default_factory=dict)
+    # so the memo never outlives the config it was computed from. Bounded in bytes (rls.memo).
+    memo: BoundedCache = field(default_factory=lambda: BoundedCache(
+        "match", MATCH_MEMO_ENTRIES, MATCH_MEMO_BYTES))
 
 
 @dataclass(slots=True, eq=False)

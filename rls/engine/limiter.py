@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from rls.backends.base import Backend, BackendError
 from rls.config.model import UNIT_SECONDS, Domain, Limit, RateLimitConfig, Unit
 from rls.engine.calendar import CalendarCache
-from rls.engine.checks import MEMO_MAX, match_targets, merge_same_counter, passed_metadata
+from rls.engine.checks import match_cost, match_targets, merge_same_counter, passed_metadata
 from rls.engine.decision import (
     OK,
     OVER_LIMIT,
@@ -157,9 +157,7 @@ class RateLimiter:
             targets = memo.get(desc.entries)
             if targets is None:
                 targets = match_targets(dom, domain, desc.entries, prefix)
-                if len(memo) >= MEMO_MAX:
-                    memo.clear()
-                memo[desc.entries] = targets
+                memo.put(desc.entries, targets, match_cost(desc.entries, targets))
             for limit, key, dyn, _ in targets:
                 if limit.replaces:
                     replaced.update(limit.replaces)
