@@ -192,7 +192,8 @@ def parse_yaml(file: str, text: str, budget: YamlBudget = DEFAULT_BUDGET) -> Any
 
 def _yaml_error(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
+    # One line: some errors (a NUL or other unreadable character) render on several lines.
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
     if mark is not None:
         return f"yaml: line {mark.line + 1}: {problem}"
     return f"yaml: {problem}"

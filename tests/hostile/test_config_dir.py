@@ -167,3 +167,11 @@ def test_kubernetes_configmap_mount_still_read_once(tmp_path: Path) -> None:
     assert config.files == [str(mount / "a.yaml")]
     shutil.rmtree(real)  # dangling links: skipped, not fatal
     assert load_bounded([mount]).domains == {}
+
+
+def test_unreadable_character_error_is_one_line(cfg: Path) -> None:
+    """Found by tests/fuzz/test_loader_fuzz.py: PyYAML's reader error spans two lines."""
+    (cfg / "nul.yaml").write_text("domain: d\x00\n")
+    message = config_error([cfg])
+    assert message.startswith(f"{cfg / 'nul.yaml'}: error loading config file: yaml: ")
+    assert "unacceptable character #x0000" in message

@@ -213,7 +213,7 @@ def test_admin_is_closed_by_default():
     rls = container(only(manifests(), "Deployment"), "rls")
     args = rls["args"]
     assert args[args.index("--http-addr") + 1].startswith("127.0.0.1:")
-    with pytest.raises(TemplateError, match="serviceMonitor.enabled needs adminToken"):
+    with pytest.raises(TemplateError, match=r"serviceMonitor\.enabled needs adminToken"):
         render_chart(CHART, {"serviceMonitor": {"enabled": True}})
     monitored = manifests({"serviceMonitor": {"enabled": True},
                            "adminToken": {"existingSecret": "ops-token"}})
