@@ -42,6 +42,10 @@ async def main(n: int, seconds: float) -> None:
     holder.reload()
     print("initial load s", round(time.monotonic() - start, 2))
     holder.start(1.0)
+    await asyncio.sleep(1)  # watcher set up
+    cpu = time.process_time()
+    await asyncio.sleep(3)
+    print("idle CPU ms per second", round((time.process_time() - cpu) * 1000 / 3, 2))
     print("idle max loop pause ms", round(await worst_pause(3) * 1000, 2))
     (folder / "f00000.yaml").write_text(good("changed"))
     worst = await worst_pause(seconds)
