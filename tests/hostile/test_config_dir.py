@@ -175,3 +175,19 @@ def test_unreadable_character_error_is_one_line(cfg: Path) -> None:
     message = config_error([cfg])
     assert message.startswith(f"{cfg / 'nul.yaml'}: error loading config file: yaml: ")
     assert "unacceptable character #x0000" in message
+
+
+def test_check_config_on_a_hostile_directory_reports_lines_not_tracebacks(cfg: Path) -> None:
+    import subprocess
+    import sys
+
+    (cfg / "deep.yaml").write_text("[" * 3000 + "]" * 3000)
+    (cfg / "tag.yaml").write_text("domain: !!float ;\n")
+    os.mkfifo(cfg / "fifo.yaml")
+    done = subprocess.run([sys.executable, "-m", "rls", "check-config", str(cfg)],
+                          capture_output=True, text=True, timeout=60)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "Traceback" not in out, out
+    assert f"{cfg / 'deep.yaml'}: error loading config file: yaml: line 1: nested deeper" in out
+    assert f"{cfg / 'tag.yaml'}: error loading config file: yaml: bad scalar" in out
