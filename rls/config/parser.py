@@ -22,6 +22,7 @@ from rls.config.yaml_source import (
     as_uint,
     render,
 )
+from rls.memo import BoundedCache
 
 REFERENCE_KEYS = frozenset(
     {
@@ -297,7 +298,8 @@ class DomainParser:
 BURST_ALGORITHMS = ("token_bucket", "leaky_bucket", "gcra")
 
 
-_WILDCARD_CACHE: dict[str, re.Pattern[str]] = {}
+# Patterns of every config ever loaded pass through here: bounded (rls.memo), LRU.
+_WILDCARD_CACHE = BoundedCache("wildcard", 10_000, 8 << 20)
 
 
 def wildcard_regex(pattern: str) -> re.Pattern[str]:
@@ -306,5 +308,5 @@ def wildcard_regex(pattern: str) -> re.Pattern[str]:
     if compiled is None:
         body = ".*".join(re.escape(part) for part in pattern.split("*"))
         compiled = re.compile(body, re.DOTALL)
-        _WILDCARD_CACHE[pattern] = compiled
+        _WILDCARD_CACHE.put(pattern, compiled, 4 * len(pattern) + 600)  # regex object ~ 4x
     return compiled
