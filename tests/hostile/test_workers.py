@@ -35,7 +35,9 @@ def alive(pid: int) -> bool:
 
 
 def port_free(port: int) -> bool:
+    """Nobody listens there (SO_REUSEADDR: connections in TIME_WAIT do not count)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
