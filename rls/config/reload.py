@@ -233,7 +233,8 @@ class ConfigHolder:
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                     loop.call_soon_threadsafe(finish, reason)
 
-        threading.Thread(target=run, name="rls-config-watch", daemon=True).start()
+        thread = threading.Thread(target=run, name="rls-config-watch", daemon=True)
+        thread.start()
         try:
             reason = await ended
             log.warning(
@@ -246,7 +247,10 @@ class ConfigHolder:
                 await asyncio.sleep(interval)
                 wake.set()
         finally:
+            # The watcher sees `stop` within WATCH_STEP_MS; wait for it so that it never wakes
+            # up in Rust code while the interpreter is finalizing (rls is exiting).
             stop.set()
+            thread.join(timeout=2 * WATCH_STEP_MS / 1000)
 
     async def watch(self, interval: float) -> None:
         wake = asyncio.Event()
