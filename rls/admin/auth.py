@@ -4,7 +4,8 @@
   every method but GET/HEAD/OPTIONS (except `POST /counters`, a read-only query) and `/json`
   whatever the method (it charges counters, like Envoy's calls). `/healthcheck`, `/metrics`
   and the other reads stay open for probes and Prometheus.
-- Every POST must say `Content-Type: application/json` (415 otherwise): a cross-site HTML form
+- Every POST (any method but GET/HEAD/OPTIONS) must say `Content-Type: application/json`
+  (415 otherwise): a cross-site HTML form
   or `text/plain` fetch cannot reach a mutation without a CORS preflight, which we never grant.
 - Bodies are read with a size limit (413), a time limit (408) and parsed with a nesting limit
   (400), each answered with a JSON error instead of a traceback or a 500.
@@ -78,8 +79,10 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = admin_token()
     if token is not None and needs_token(request) and not _token_ok(request, token):
         return _unauthorized()
-    if request.method == "POST" and request.content_type != "application/json":
-        return json_error(415, "POST bodies must be sent as Content-Type: application/json")
+    if request.method not in SAFE_METHODS and request.content_type != "application/json":
+        return json_error(
+            415, f"{request.method} requests must be sent as Content-Type: application/json"
+        )
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
