@@ -191,3 +191,17 @@ def test_check_config_on_a_hostile_directory_reports_lines_not_tracebacks(cfg: P
     assert "Traceback" not in out, out
     assert f"{cfg / 'deep.yaml'}: error loading config file: yaml: line 1: nested deeper" in out
     assert f"{cfg / 'tag.yaml'}: error loading config file: yaml: bad scalar" in out
+
+
+def test_load_time_budget_abandons_the_load(cfg: Path) -> None:
+    assert "config load took longer than 0 s; load abandoned" in config_error(
+        [cfg], LoadBudget(load_seconds=0.0))
+
+
+def test_parse_time_budget_stops_a_slow_file_naming_its_line(cfg: Path) -> None:
+    many = "".join(f"  - key: k{i}\n    rate_limit: {{unit: hour, requests_per_unit: 1}}\n"
+                   for i in range(3000))
+    (cfg / "many.yaml").write_text("domain: m\ndescriptors:\n" + many)
+    message = config_error([cfg], LoadBudget(file_seconds=0.0))
+    assert message.startswith(f"{cfg / 'many.yaml'}: error loading config file: yaml: line ")
+    assert message.endswith("time budget exceeded while parsing")
