@@ -42,5 +42,8 @@ EXPOSE 8081 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthcheck', timeout=2).status == 200 else 1)"]
 ENTRYPOINT ["rls"]
-# The admin API listens on all interfaces inside the container (default 127.0.0.1 outside).
-CMD ["serve", "--config", "/etc/rls/config", "--http-addr", "0.0.0.0:8080"]
+# The admin API listens on the container's loopback only (HEALTHCHECK runs inside, so it
+# works). To reach it from outside (probes, Prometheus), give it a token as well:
+#   docker run -e RLS_ADMIN_TOKEN=... -e RLS_HTTP_ADDR=0.0.0.0:8080 -p 8080:8080 ...
+# rls refuses to start with the admin listener off loopback and no token (docs/admin.md).
+CMD ["serve", "--config", "/etc/rls/config"]

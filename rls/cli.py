@@ -68,6 +68,8 @@ FLAGS = {
     "strict": "config warnings (repeated YAML key, rate_limit without requests_per_unit, "
     "empty directory) are errors",
     "counters_config": "frequency counters YAML: per-domain timezone and key_hash, caches",
+    "admin_insecure": "allow the admin listener off loopback without RLS_ADMIN_TOKEN",
+    "grpc_token": "token gRPC callers must send as `authorization: Bearer …` (prefer the env)",
 }
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"
@@ -409,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         from rls.workers import supervise
 
-        return supervise(_without_workers(argv), settings.workers)
+        budget = settings.shutdown_delay_ms / 1000 + settings.drain_seconds + 5.0
+        return supervise(_without_workers(argv), settings.workers, budget)
     from rls.server import serve
 
     try:

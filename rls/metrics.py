@@ -27,6 +27,7 @@ from prometheus_client import (
 
 from rls import __version__
 from rls.config.model import Limit
+from rls.memo import publish_to
 
 disable_created_metrics()  # halves the /metrics size; *_created series carry nothing useful here
 
@@ -145,6 +146,22 @@ class Metrics:
             registry=r,
             multiprocess_mode="min",
         )
+        self.releases_ignored = Counter(
+            "rls_releases_ignored",
+            "is_negative_hits on limits that do not accept releases (ignored), by domain",
+            ["domain"],
+            registry=r,
+        )
+        self.memo_bytes = Gauge(
+            "rls_memo_bytes", "Estimated bytes held by the bounded memos", ["memo"],
+            registry=r, multiprocess_mode="livesum",
+        )
+        self.memo_entries = Gauge(
+            "rls_memo_entries", "Entries held by the bounded memos", ["memo"],
+            registry=r, multiprocess_mode="livesum",
+        )
+        for memo in ("request_parse", "match", "wildcard"):
+            publish_to(memo, self.memo_bytes.labels(memo), self.memo_entries.labels(memo))
         self.fallback = Counter(
             "rls_fallback_decisions",
             "Calls decided by the local fallback limiter while the backend was away",

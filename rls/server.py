@@ -13,7 +13,7 @@ import grpc
 from aiohttp import web
 from grpc_health.v1 import health_pb2_grpc
 
-from rls.admin.app import AdminState, create_app
+from rls.admin.app import RUNNER_OPTIONS, AdminState, create_app
 from rls.admin.auth import admin_token
 from rls.admin.cache import add_cache_routes
 from rls.admin.switches import follow_shared
@@ -33,12 +33,13 @@ from rls.engine.budget import LoopLag
 from rls.engine.limiter import RateLimiter
 from rls.engine.top import TopTalkers, dumps_snapshot
 from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
+from rls.grpc_auth import interceptors
 from rls.metrics import Metrics
 from rls.services.health import create_health, set_serving
 from rls.services.quota import QuotaService
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
-from rls.workers import shared_dir
+from rls.workers import shared_dir, watch_supervisor
 
 log = logging.getLogger("rls.server")
 
@@ -161,6 +162,7 @@ async def _probe_cache_store(store: GuardedStore) -> None:
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
+    watch_supervisor()  # a --workers worker drains and exits when its supervisor dies
     tune_thresholds()
     app = build_app(settings)
     pauses = PauseRecorder(lambda gen, s: app.metrics.gc_pause.labels(str(gen)).observe(s))
@@ -174,11 +176,13 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
         app.metrics.gc_frozen.set(freeze_startup_objects())
 
     app.holder.on_change = config_changed
+    # Same rule as a reload: one bad file rejects the whole load. Fail fast: a service with no
+    # limits would answer OK to everything.
     if not app.holder.reload() and not settings.allow_empty_config:
-        # Fail fast: a service with no limits would answer OK to everything.
         log.error(
-            "initial configuration failed to load (see above); exiting "
-            "(--allow-empty-config starts without it)"
+            "cannot start: configuration failed to load: %s (--allow-empty-config starts "
+            "without it)",
+            app.holder.last_error,
         )
         return 1
     app.holder.start(settings.reload_interval)
@@ -218,6 +222,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
         # Buffered bodies arrive in one message; RateLimitService checks its own size limit.
         max_message = max(max_message, 16 << 20)
     server = grpc.aio.server(
+        interceptors=interceptors(settings.grpc_token),
         options=[
             ("grpc.max_receive_message_length", max_message),
             # Shared ports only for --workers: otherwise a second rls on the same port must fail.
@@ -259,7 +264,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
     admin_app = create_app(state)
     if cache is not None:
         add_cache_routes(admin_app, cache)
-    runner = web.AppRunner(admin_app, access_log=None)
+    runner = web.AppRunner(admin_app, access_log=None, **RUNNER_OPTIONS)
     await runner.setup()
     host, http_port = split_addr(settings.http_addr)
     site = web.TCPSite(runner, host, http_port, reuse_port=shared_dir() is not None)

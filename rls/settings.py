@@ -5,6 +5,7 @@ Precedence: flag > RLS_* env > envoyproxy/ratelimit env equivalent > default.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 
@@ -74,6 +75,9 @@ class Settings:
     allow_empty_config: bool = False
     strict: bool = False  # config warnings (duplicate YAML key, no requests_per_unit) are errors
     counters_config: str = ""  # frequency counters YAML (per-domain timezone, key_hash, caches)
+    # Admin listener off loopback without RLS_ADMIN_TOKEN: refused unless this is set.
+    admin_insecure: bool = False
+    grpc_token: str = ""  # when set, gRPC calls need metadata `authorization: Bearer <token>`
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
@@ -95,6 +99,14 @@ class Settings:
                 raise SettingError(name, f"{getattr(self, name)!r} is not between 0 and 1")
         for name in ("grpc_addr", "http_addr"):
             _check_addr(name, getattr(self, name))
+        if not (self.admin_insecure or os.environ.get("RLS_ADMIN_TOKEN")):
+            if not is_loopback(self.http_addr):
+                raise SettingError(
+                    "http_addr",
+                    f"admin listener {self.http_addr} is not on loopback and RLS_ADMIN_TOKEN "
+                    "is not set: set a token, bind --http-addr 127.0.0.1:PORT, "
+                    "or pass --admin-insecure",
+                )
         from rls.backends.urls import normalize_redis_url
 
         try:
@@ -171,6 +183,17 @@ def env_source(name: str, environ: dict[str, str] | None = None) -> tuple[str, s
         if var is not None and var in env:
             return var, env[var]
     return None
+
+
+def is_loopback(addr: str) -> bool:
+    """Whether a `host:port` listen address is reachable from this host only."""
+    host = addr.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # empty (all interfaces) or a host name: assume reachable
+        return False
 
 
 def env_value(name: str, environ: dict[str, str] | None = None) -> str | None:

@@ -27,7 +27,7 @@ CONFIG = """
 domain: grpc
 descriptors:
   - key: k
-    rate_limit: {name: k_limit, unit: year, requests_per_unit: 3}
+    rate_limit: {name: k_limit, unit: year, requests_per_unit: 3, accept_releases: true}
   - key: anon
     rate_limit: {unit: year, requests_per_unit: 100}
   - key: guard

@@ -34,7 +34,7 @@ descriptors:
   - key: plain
     rate_limit: {unit: second, requests_per_unit: 1}
   - key: hour
-    rate_limit: {unit: hour, requests_per_unit: 5}
+    rate_limit: {unit: hour, requests_per_unit: 5, accept_releases: true}
   - key: free
     rate_limit: {unlimited: true}
   - key: whitelist
@@ -60,7 +60,7 @@ descriptors:
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 3}
   - key: weighted
-    rate_limit: {unit: minute, requests_per_unit: 10}
+    rate_limit: {unit: minute, requests_per_unit: 10, accept_releases: true}
   - key: w20
     rate_limit: {unit: minute, requests_per_unit: 20}
   - key: w8

@@ -10,6 +10,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from rls.admin.auth import IDLE_SECONDS, MAX_BODY_BYTES, BadBody, guard, read_json
 from rls.admin.counters import add_counter_routes
 from rls.admin.freq import add_freq_routes
 from rls.admin.switches import add_switch_routes, publish, switch_state
@@ -37,8 +38,14 @@ class AdminState:
         self.store_ready = True  # the server sets False until the store accepted rls
 
 
+# aiohttp server options of the admin listener (web.AppRunner keyword arguments): idle
+# connections, and connections that dribble their request headers, are closed after
+# IDLE_SECONDS (aiohttp starts this timer when a connection opens).
+RUNNER_OPTIONS: dict[str, float] = {"keepalive_timeout": IDLE_SECONDS}
+
+
 def create_app(state: AdminState) -> web.Application:
-    app = web.Application(client_max_size=1024 * 1024)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[guard])
     app["state"] = state
     app.router.add_get("/healthcheck", healthcheck)
     app.router.add_get("/metrics", metrics)
@@ -120,6 +127,7 @@ def _limit_json(limit: Limit) -> dict[str, object]:
         "calendar": limit.calendar,
         "timezone": limit.timezone,
         "charge": "always" if limit.charge_always else "on_allow",
+        "accept_releases": limit.accept_releases,
         "shadow_mode": limit.shadow_mode,
         "quota_mode": limit.quota_mode,
         "replaces": sorted(limit.replaces),
@@ -132,12 +140,12 @@ async def json_decide(request: web.Request) -> web.Response:
     loaded = state.config()
     if loaded is None or not loaded.domains:  # errors are JSON {"error": …} like the admin API
         return web.json_response({"error": "no config loaded"}, status=503)
-    body = await request.text()
-    if not body.strip():
-        return web.json_response({"error": "Bad Request: empty body"}, status=400)
     try:
-        req = json_format.Parse(body, rls_pb2.RateLimitRequest())
-    except (json_format.ParseError, ValueError) as exc:
+        body = await read_json(request)
+        req = json_format.ParseDict(body, rls_pb2.RateLimitRequest())
+    except BadBody as exc:
+        return exc.response
+    except (json_format.ParseError, ValueError, TypeError, AttributeError) as exc:
         return web.json_response({"error": f"Bad Request: {exc}"}, status=400)
     try:
         resp = await state.service.decide(req)

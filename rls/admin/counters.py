@@ -14,7 +14,7 @@ from aiohttp import web
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
 
-from rls.admin.auth import requires_token
+from rls.admin.auth import BadBody, read_json, requires_token
 from rls.backends.base import BackendError
 from rls.engine.limiter import DescriptorIn, InvalidRequest
 from rls.services.convert import to_descriptors
@@ -24,11 +24,9 @@ MAX_BATCH = 30
 
 async def _json_body(request: web.Request) -> Any:
     try:
-        return await request.json()
-    except ValueError:
-        raise web.HTTPBadRequest(
-            text='{"error": "body must be JSON"}', content_type="application/json"
-        ) from None
+        return await read_json(request)
+    except BadBody as exc:
+        return exc.response
 
 
 def _bad(message: str, **extra: Any) -> web.Response:
@@ -48,6 +46,8 @@ def _parse_request(item: Any, state: Any) -> tuple[rls_pb2.RateLimitRequest, lis
 async def counters(request: web.Request) -> web.Response:
     state = request.app["state"]
     body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
     if not isinstance(body, dict):
         return _bad("body must be a JSON object")
     descriptors = body.get("descriptors")
@@ -89,6 +89,8 @@ async def counters(request: web.Request) -> web.Response:
 async def add(request: web.Request) -> web.Response:
     state = request.app["state"]
     body = await _json_body(request)
+    if isinstance(body, web.Response):
+        return body
     items = body.get("items") if isinstance(body, dict) else None
     if not isinstance(items, list) or not items:
         return _bad('body must be {"items": [RateLimitRequest JSON, ...]}')

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rls.admin.auth import requires_token
+from rls.admin.auth import BadBody, read_json, requires_token
 from rls.settings import Settings
 from rls.workers import shared_dir
 
@@ -46,9 +46,9 @@ async def set_switches(request: web.Request) -> web.Response:
     state = request.app["state"]
     settings: Settings = state.service.settings
     try:
-        body = await request.json()
-    except ValueError:
-        return web.json_response({"error": "body must be JSON"}, status=400)
+        body = await read_json(request)
+    except BadBody as exc:
+        return exc.response
     if not isinstance(body, dict) or set(body) - {"shadow_mode", "limiting_off", "shadow_domains"}:
         return web.json_response(
             {"error": "fields: shadow_mode, limiting_off (booleans), shadow_domains (list)"},

@@ -16,6 +16,7 @@ def purge(admin_url: str, api: str, token: str | None, timeout: float = 5.0) -> 
     """
     url = f"{admin_url.rstrip('/')}/cache/purge?{urllib.parse.urlencode({'api': api})}"
     request = urllib.request.Request(url, data=b"", method="POST")
+    request.add_header("Content-Type", "application/json")  # the admin API takes only JSON
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:

@@ -155,14 +155,13 @@ def is_cache_file(path: str) -> bool:
     no `domain`) or a list whose first item is a mapping with `api`. Unreadable or invalid
     YAML is not a cache file (the descriptor loader then reports it).
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    from rls.config.loader import is_cache_doc, read_text  # the loader's budgets and rule
+    from rls.config.yaml_source import parse_yaml
+
+    try:  # regular files only, size/node/depth budgets: a FIFO or a YAML bomb is just "no"
+        return is_cache_doc(parse_yaml(path, read_text(path)))
+    except ConfigError:
         return False
-    if isinstance(doc, dict):
-        return "rules" in doc and "domain" not in doc
-    return isinstance(doc, list) and bool(doc) and isinstance(doc[0], dict) and "api" in doc[0]
 
 
 def parse_cache_config(file: str, text: str) -> CacheConfig:

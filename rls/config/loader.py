@@ -1,55 +1,189 @@
 """Find descriptor files, parse them, and build one immutable RateLimitConfig.
 
-A load is all-or-nothing: the first error aborts it and the caller keeps the previous config.
+A load is all-or-nothing: the first error aborts it and the caller keeps the previous config
+(the reference does the same); at start-up `rls serve` exits 1 with that error.
+
+Everything here may be handed a hostile directory, so it is bounded (DESIGN §10, LoadBudget):
+only regular files are opened (FIFOs, sockets and devices are skipped with a warning, never
+opened: opening a FIFO blocks until a writer comes), symlink loops and directory links back to
+a directory already walked are skipped (no endless walk, no file loaded twice), a file over
+the size budget is rejected unread, and YAML is parsed with a node, depth and time budget.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterable
+import stat
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rls.config.errors import ConfigError
 from rls.config.model import Domain, Level, RateLimitConfig
 from rls.config.parser import DomainParser, check_keys
 from rls.config.usage_stats import parse_usage_stats
-from rls.config.yaml_source import as_str, parse_yaml
+from rls.config.yaml_source import YamlBudget, as_str, parse_yaml
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
+MAX_FILE_BYTES = 1 << 20
+
+log = logging.getLogger("rls.config")
+
+Warn = Callable[[str], None]
 
 
-def yaml_files_under(directory: str) -> list[str]:
-    """`*.yaml` / `*.yml` below a directory, sorted, hidden entries skipped.
+def _no_warning(_message: str) -> None:
+    """For callers that only look (the change detector): warnings are logged at load time."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBudget:
+    """Limits of one load (documented in docs/reliability.md, "Hostile config directories").
+
+    Defaults fit configs far larger than any seen in practice (a 1 MiB file holds ~20,000
+    descriptors) while bounding what a broken or malicious file can cost.
+    """
+
+    max_file_bytes: int = MAX_FILE_BYTES
+    max_total_bytes: int = 64 << 20
+    max_files: int = 50_000
+    max_nodes: int = 1_000_000  # per file, YAML aliases expanded
+    max_depth: int = 200  # YAML nesting per file
+    file_seconds: float = 10.0  # parsing one file
+    load_seconds: float = 60.0  # the whole load
+    started: float = field(default_factory=time.monotonic)
+
+    def for_file(self) -> YamlBudget:
+        now = time.monotonic()
+        deadline = min(now + self.file_seconds, self.started + self.load_seconds)
+        return YamlBudget(self.max_nodes, self.max_depth, deadline)
+
+    def check_time(self, file: str) -> None:
+        if time.monotonic() > self.started + self.load_seconds:
+            raise ConfigError(
+                file, f"config load took longer than {self.load_seconds:g} s; load abandoned"
+            )
+
+
+def yaml_files_under(directory: str, warn: Warn = log.warning) -> list[str]:
+    """`*.yaml` / `*.yml` regular files below a directory, sorted, hidden entries skipped.
 
     Hidden entries are skipped so that Kubernetes ConfigMap mounts (`..data`, `..2024_…`) are
-    read once, through the visible symlinks, instead of twice.
+    read once, through the visible symlinks, instead of twice. Symlinks are followed, but a
+    directory already walked (a link back to a parent) and a file already found (two links to
+    one file) are skipped with a warning, as are entries that are not regular files and links
+    that loop or dangle. The order is os.walk's top-down order: a directory's files, then its
+    subdirectories by name.
     """
-    found = []
-    for root, dirs, files in os.walk(directory, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            if not name.startswith(".") and name.endswith(CONFIG_SUFFIXES):
-                found.append(os.path.join(root, name))
+    found: list[str] = []
+    seen_dirs: set[tuple[int, int]] = set()
+    seen_files: dict[tuple[int, int], str] = {}
+    stack = [directory]
+    while stack:
+        current = stack.pop()
+        try:
+            st = os.stat(current)
+            key = (st.st_dev, st.st_ino)
+            if key in seen_dirs:
+                warn(f"{current}: skipped: directory already read (a link back to a parent?)")
+                continue
+            seen_dirs.add(key)
+            with os.scandir(current) as it:
+                names = sorted(entry.name for entry in it if not entry.name.startswith("."))
+        except OSError as exc:
+            warn(f"{current}: skipped: {exc.strerror}")
+            continue
+        subdirs = []
+        for name in names:
+            path = os.path.join(current, name)
+            try:
+                st = os.stat(path)  # follows symlinks; ELOOP for links that loop
+            except OSError as exc:
+                if name.endswith(CONFIG_SUFFIXES) or os.path.islink(path):
+                    warn(f"{path}: skipped: {exc.strerror}")
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append(path)
+            elif name.endswith(CONFIG_SUFFIXES):
+                if not stat.S_ISREG(st.st_mode):
+                    warn(f"{path}: skipped: not a regular file ({_kind(st.st_mode)})")
+                    continue
+                first = seen_files.setdefault((st.st_dev, st.st_ino), path)
+                if first != path:
+                    warn(f"{path}: skipped: same file as {first}")
+                    continue
+                found.append(path)
+        stack.extend(reversed(subdirs))
     return found
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _sources(paths: Iterable[str], warn: Warn) -> list[tuple[str, bool]]:
+    """(file, found in a directory) for every path: files as given, directories walked."""
+    out: list[tuple[str, bool]] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            out += [(f, True) for f in yaml_files_under(raw, warn)]
+        elif path.exists():
+            out.append((str(path), False))
+        else:
+            raise ConfigError(str(path), "no such file or directory")
+    return out
+
+
+def config_files(paths: Iterable[str]) -> list[str]:
+    """Every file a load of `paths` would look at (cache rule files included), for change
+    detection; never opens a file, never warns."""
+    out = []
+    for raw in paths:
+        if os.path.isdir(raw):
+            out += yaml_files_under(raw, _no_warning)
+        else:
+            out.append(raw)
+    return out
+
+
+def is_cache_doc(doc: Any) -> bool:
+    """Whether a parsed document is a response-cache rules file rather than descriptors.
+
+    Same rule as rls.cache.config.is_cache_file (a mapping with `rules` and no `domain`, or a
+    list whose first item is a mapping with `api`), applied to the document the loader has
+    already read within its budgets instead of opening the file a second time.
+    """
+    if isinstance(doc, dict):
+        return "rules" in doc and "domain" not in doc
+    return isinstance(doc, list) and bool(doc) and isinstance(doc[0], dict) and "api" in doc[0]
 
 
 def discover(paths: Iterable[str]) -> list[str]:
     """Descriptor files behind `paths`: files as given, directories walked.
 
     Response-cache rule files found in a directory are left to `--cache-config` (a file named
-    explicitly is always loaded as a descriptor file).
+    explicitly is always loaded as a descriptor file). A file that cannot be read or parsed is
+    kept (loading it reports the error).
     """
-    from rls.cache.config import is_cache_file  # rls.cache.config imports rls.config
-
     found: list[str] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            found += [f for f in yaml_files_under(raw) if not is_cache_file(f)]
-        elif path.exists():
-            found.append(str(path))
-        else:
-            raise ConfigError(str(path), "no such file or directory")
+    for file, in_directory in _sources(paths, log.warning):
+        if in_directory:
+            try:
+                if is_cache_doc(parse_yaml(file, read_text(file))):
+                    continue
+            except ConfigError:
+                pass
+        found.append(file)
     return found
 
 
@@ -60,20 +194,19 @@ def load_files(
     config = RateLimitConfig()
     for file, text in files:
         try:
-            _load_file(config, file, text, merge_domains)
-        except RecursionError:
-            # Deep or self-referencing (YAML anchor) descriptor trees.
-            raise ConfigError(
-                file, "config error, nesting too deep (or a YAML anchor that contains itself)"
-            ) from None
+            _load_doc(config, file, parse_yaml(file, text), merge_domains)
+        except RecursionError:  # deep or self-referencing (YAML anchor) descriptor trees
+            raise ConfigError(file, _TOO_DEEP) from None
     return config
+
+
+_TOO_DEEP = "config error, nesting too deep (or a YAML anchor that contains itself)"
 
 
 MAX_DEPTH = 64  # descriptor levels; deeper trees are rejected before recursion gets near limits
 
 
-def _load_file(config: RateLimitConfig, file: str, text: str, merge_domains: bool) -> None:
-    doc = parse_yaml(file, text)
+def _load_doc(config: RateLimitConfig, file: str, doc: Any, merge_domains: bool) -> None:
     if doc is not None and not isinstance(doc, dict):
         raise ConfigError(file, "error loading config file: yaml: document must be a map")
     doc = doc or {}
@@ -119,15 +252,68 @@ def _check_depth(file: str, items: object, depth: int) -> None:
             _check_depth(file, item.get("descriptors"), depth + 1)
 
 
-def read_text(file: str) -> str:
+def read_text(file: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """A regular file's text, at most `max_bytes`; ConfigError otherwise.
+
+    Opened non-blocking and checked with fstat before reading, so a FIFO (or a file swapped
+    for one after the directory was walked) is refused instead of blocking forever.
+    """
     try:
-        with open(file, encoding="utf-8") as fh:
-            return fh.read()
-    except UnicodeDecodeError as exc:
-        raise ConfigError(file, f"error loading config file: not UTF-8: {exc.reason}") from None
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise ConfigError(file, f"error loading config file: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(
+                file, f"error loading config file: {_kind(st.st_mode)}, not a regular file"
+            )
+        if st.st_size > max_bytes:
+            raise ConfigError(file, _too_big(st.st_size, max_bytes))
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(file, f"error loading config file: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # grew between fstat and read
+        raise ConfigError(file, _too_big(len(data), max_bytes))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(file, f"error loading config file: not UTF-8: {exc.reason}") from None
 
 
-def load_paths(paths: Iterable[str], merge_domains: bool = False) -> RateLimitConfig:
-    return load_files(((f, read_text(f)) for f in discover(paths)), merge_domains)
+def _too_big(size: int, limit: int) -> str:
+    return f"error loading config file: {size} bytes, over the {limit}-byte limit per file"
+
+
+def load_paths(
+    paths: Iterable[str], merge_domains: bool = False, budget: LoadBudget | None = None
+) -> RateLimitConfig:
+    """Load every descriptor file behind `paths` within `budget`; ConfigError on the first
+    bad file (the whole load is rejected)."""
+    budget = budget or LoadBudget()
+    sources = _sources(paths, log.warning)
+    if len(sources) > budget.max_files:
+        raise ConfigError(
+            str(next(iter(paths), "")), f"more than {budget.max_files} config files"
+        )
+    config = RateLimitConfig()
+    total = 0
+    for file, in_directory in sources:
+        budget.check_time(file)
+        text = read_text(file, budget.max_file_bytes)
+        total += len(text)
+        if total > budget.max_total_bytes:
+            raise ConfigError(
+                file, f"config files total over the {budget.max_total_bytes}-byte limit"
+            )
+        try:
+            doc = parse_yaml(file, text, budget.for_file())
+            if in_directory and is_cache_doc(doc):
+                continue  # response-cache rules: loaded by --cache-config, not here
+            _load_doc(config, file, doc, merge_domains)
+        except RecursionError:
+            raise ConfigError(file, _TOO_DEEP) from None
+    return config

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from rls.memo import MATCH_MEMO_BYTES, MATCH_MEMO_ENTRIES, BoundedCache
+
 
 class Unit(IntEnum):
     """Numbering of envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit."""
@@ -73,6 +75,10 @@ class Limit:
     calendar: bool = False
     timezone: str = "UTC"
     charge_always: bool = False
+    # Whether is_negative_hits may give hits back (YAML `accept_releases`); None = only for
+    # `concurrency`, whose leases are released that way. Elsewhere a release is ignored: any
+    # caller could otherwise zero any counter with one huge negative addend.
+    accept_releases: bool | None = None
     # Config path for metrics, e.g. "domain.key1_value1.subkey1" (reference stats key).
     full_key: str = ""
     index: int = 0
@@ -84,6 +90,8 @@ class Limit:
     script_params: str = ""
 
     def __post_init__(self) -> None:
+        if self.accept_releases is None:
+            self.accept_releases = self.algorithm == "concurrency"
         if self.unit in UNIT_SECONDS:
             self.window_ms = UNIT_SECONDS[self.unit] * 1000 * max(1, self.unit_multiplier)
         burst = self.burst if self.burst is not None else self.requests_per_unit
@@ -147,8 +155,9 @@ class Domain:
     failure_mode: str | None = None  # allow | deny when the backend fails; None = global
     usage: Any = None  # rls.engine.usage.UsageConfig when usage_stats is configured
     # Match results by request entries, filled by the limiter; a reload builds new Domains,
-    # so the memo never outlives the config it was computed from.
-    memo: dict[Any, Any] = field(default_factory=dict)
+    # so the memo never outlives the config it was computed from. Bounded in bytes (rls.memo).
+    memo: BoundedCache = field(default_factory=lambda: BoundedCache(
+        "match", MATCH_MEMO_ENTRIES, MATCH_MEMO_BYTES))
 
 
 @dataclass(slots=True, eq=False)

@@ -25,6 +25,7 @@ from rls.config.yaml_source import (
     render,
 )
 from rls.engine.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+from rls.memo import BoundedCache
 
 REFERENCE_KEYS = frozenset(
     {
@@ -56,6 +57,7 @@ EXTENSION_KEYS = frozenset(
         "calendar",
         "timezone",
         "charge",
+        "accept_releases",
         "usage_stats",
         "failure_mode",
     }
@@ -351,6 +353,7 @@ class DomainParser:
             raise self.fail(f"'{path}': charge must be 'on_allow' or 'always', not '{charge}'")
         if not unlimited and unit not in UNIT_SECONDS:
             raise self.fail(f"invalid rate limit unit '{unit_text}'")
+        accept = spec.get("accept_releases")
         return Limit(
             requests_per_unit=rpu,
             unit=unit,
@@ -366,6 +369,7 @@ class DomainParser:
             calendar=calendar,
             timezone=timezone,
             charge_always=charge == "always",
+            accept_releases=None if accept is None else as_bool(f, accept, "accept_releases"),
             full_key=path,
             index=index,
         )
@@ -415,7 +419,8 @@ def distinct_metric_keys(limits: list[Limit], path: str) -> None:
         lim.full_key = f"{path}.{suffix}"
 
 
-_WILDCARD_CACHE: dict[str, re.Pattern[str]] = {}
+# Patterns of every config ever loaded pass through here: bounded (rls.memo), LRU.
+_WILDCARD_CACHE = BoundedCache("wildcard", 10_000, 8 << 20)
 
 
 def wildcard_regex(pattern: str) -> re.Pattern[str]:
@@ -424,5 +429,5 @@ def wildcard_regex(pattern: str) -> re.Pattern[str]:
     if compiled is None:
         body = ".*".join(re.escape(part) for part in pattern.split("*"))
         compiled = re.compile(body, re.DOTALL)
-        _WILDCARD_CACHE[pattern] = compiled
+        _WILDCARD_CACHE.put(pattern, compiled, 4 * len(pattern) + 600)  # regex object ~ 4x
     return compiled

@@ -1,10 +1,21 @@
-"""Hot reload: poll the config paths and swap in a new config when anything changed.
+"""Hot reload: watch the config paths with inotify (watchfiles) and swap in a new config.
 
-Polling (default every second) sees every kind of change the same way: edits, added and
-removed files, and Kubernetes ConfigMap updates, which swap a `..data` symlink rather than
-touch the visible files (the fingerprint follows symlinks to their targets). A failed load
-keeps the previous config, logs `file: message (at file:line, node …); keeping previous
-config` and counts it. Without `allow_empty`, a load with zero domains is such an error too.
+Nothing here reads or parses a file on the event loop: a change event wakes a thread that
+compares the files' stat fingerprint and, when it moved, loads the config within the
+loader's budgets (rls.config.loader.LoadBudget); the loop only swaps the result in. Watching
+10,000 files therefore costs the loop nothing between changes (no per-file polling).
+
+Kubernetes ConfigMap updates swap a `..data` symlink in the mounted directory rather than
+touch the visible files; that swap is an event in the watched directory, and the fingerprint
+follows symlinks to their targets. A config given as a file is watched through its parent
+directory, so editors and deploys that replace the file by rename are seen too. If the
+watcher cannot start (inotify limits), the same fingerprint check runs in a thread every
+reload interval instead.
+
+A failed load keeps the previous config, logs one line `file: message (at file:line, node …);
+keeping previous config`, sets `rls_config_last_load_error{file}` and counts
+`rls_config_loads_total{result="error"}`. Without `allow_empty`, a load with zero domains is
+such an error too; with `strict`, so is a config warning.
 """
 
 from __future__ import annotations
@@ -13,34 +24,71 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from rls.config.errors import ConfigError
-from rls.config.loader import load_paths, yaml_files_under
+from rls.config.loader import LoadBudget, config_files, load_paths
 from rls.config.model import RateLimitConfig
 from rls.metrics import Metrics
 
 log = logging.getLogger("rls.config")
 
 Fingerprint = tuple[tuple[str, str, int, int, int], ...]
+T = TypeVar("T")
+
+MAX_LOG_CHARS = 400  # one short line per error, whatever a file holds
+WATCH_DEBOUNCE_MS = 500  # longest a stream of changes is grouped before a reload
+WATCH_STEP_MS = 50  # quiet time that ends a group of changes
+WATCH_READY_MS = 250  # the watcher thread wakes this often when idle (no file is touched)
+
+
+def one_line(text: str, limit: int = MAX_LOG_CHARS) -> str:
+    """`text` on one line, cut to `limit` characters (errors may quote file content)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def fingerprint(paths: list[str]) -> Fingerprint:
-    """What the files look like on disk (stat only: this runs every reload interval)."""
+    """What the files look like on disk (stat only; never opens a file)."""
     items = []
-    files: list[str] = []
-    for path in paths:
-        if os.path.isdir(path):
-            files += yaml_files_under(path)
-        else:
-            files.append(path)
-    for file in files:
+    for file in config_files(paths):
         try:
             st = os.stat(file)
             items.append((file, os.path.realpath(file), st.st_mtime_ns, st.st_size, st.st_ino))
-        except OSError:
+        except (OSError, RuntimeError):  # dangling or looping link
             items.append((file, "", 0, 0, 0))
     return tuple(items)
+
+
+async def in_daemon_thread(fn: Callable[[], T], timeout: float) -> T:
+    """Run `fn` in a daemon thread and await it for at most `timeout` seconds.
+
+    Not asyncio.to_thread: a load that overstays its budget must neither hold the default
+    executor nor keep the interpreter from exiting on SIGTERM.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as exc:  # handed to the awaiting task
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="rls-config-load", daemon=True).start()
+    return await asyncio.wait_for(future, timeout)
 
 
 class ConfigHolder:
@@ -52,6 +100,7 @@ class ConfigHolder:
         metrics: Metrics,
         merge_domains: bool = False,
         on_change: Callable[[RateLimitConfig], None] | None = None,
+        budget: Callable[[], LoadBudget] = LoadBudget,
         *,
         strict: bool = False,
         allow_empty: bool = True,
@@ -62,6 +111,7 @@ class ConfigHolder:
         self.metrics = metrics
         self.merge_domains = merge_domains
         self.on_change = on_change
+        self.budget = budget  # a fresh budget (its clock starts) for every load
         self.config: RateLimitConfig | None = None
         self.last_error: str | None = None
         self._fingerprint: Fingerprint = ()
@@ -71,12 +121,11 @@ class ConfigHolder:
     def current(self) -> RateLimitConfig | None:
         return self.config
 
-    def reload(self) -> bool:
-        """Load all paths; on success swap and return True, else keep the old config."""
+    def _load(self) -> tuple[Fingerprint, RateLimitConfig | ConfigError]:
+        """Fingerprint and load; runs in a worker thread (or at start-up, before serving)."""
         fp = fingerprint(self.paths)
-        self._fingerprint = fp
         try:
-            config = load_paths(self.paths, self.merge_domains)
+            config = load_paths(self.paths, self.merge_domains, self.budget())
             for warning in config.warnings:
                 log.warning("%s", warning)
             if self.strict and config.warnings:
@@ -87,14 +136,55 @@ class ConfigHolder:
                     "no domain loaded (0 descriptor files); "
                     "--allow-empty-config permits an empty config",
                 )
+            return fp, config
         except ConfigError as exc:
-            self.last_error = str(exc)
-            self.metrics.config_loads.labels("error").inc()
-            self.metrics.config_error.labels(exc.file).set(1)
-            self._error_files.add(exc.file)
-            keeping = "; keeping previous config" if self.config is not None else ""
-            log.error("error loading new configuration: %s%s", exc.detail(), keeping)
+            return fp, exc
+        except Exception as exc:  # a loader bug: one line, never a traceback, keep serving
+            where = self.paths[0] if self.paths else "<config>"
+            return fp, ConfigError(where, f"unexpected {type(exc).__name__}: {exc}")
+
+    def _load_if_changed(self) -> tuple[Fingerprint, RateLimitConfig | ConfigError] | None:
+        now = fingerprint(self.paths)
+        if now == self._fingerprint:
+            return None
+        # Name what changed (edited, added or removed files) before reloading.
+        changed = sorted({item[0] for item in set(now) ^ set(self._fingerprint)})
+        log.info("config change detected: %s", one_line(", ".join(changed)) or "(unknown)")
+        return self._load()
+
+    def reload(self) -> bool:
+        """Load all paths in this thread; on success swap and return True, else keep the
+        old config (used at start-up, before the loop serves anything)."""
+        return self._apply(*self._load())
+
+    async def reload_async(self, only_if_changed: bool = False) -> bool:
+        """Load in a daemon thread (never on the loop); swap the result in on the loop."""
+        budget = self.budget()
+        limit = budget.load_seconds + 5.0  # the loader stops itself at load_seconds
+        work = self._load_if_changed if only_if_changed else self._load
+        try:
+            outcome = await in_daemon_thread(work, limit)
+        except TimeoutError:
+            where = self.paths[0] if self.paths else "<config>"
+            error = ConfigError(where, f"config load did not finish within {limit:g} s")
+            return self._apply(self._fingerprint, error)
+        if outcome is None:
             return False
+        return self._apply(*outcome)
+
+    def _apply(self, fp: Fingerprint, result: RateLimitConfig | ConfigError) -> bool:
+        self._fingerprint = fp
+        if isinstance(result, ConfigError):
+            self.last_error = one_line(str(result))
+            self.metrics.config_loads.labels("error").inc()
+            self.metrics.config_error.labels(result.file).set(1)
+            self._error_files.add(result.file)
+            keeping = "; keeping previous config" if self.config is not None else ""
+            log.error(
+                "error loading new configuration: %s%s", one_line(result.detail()), keeping
+            )
+            return False
+        config = result
         self.config = config
         for file in self._error_files:  # set to 0, not cleared: works in multiprocess mode too
             self.metrics.config_error.labels(file).set(0)
@@ -104,7 +194,7 @@ class ConfigHolder:
         log.info(
             "config loaded: %d file(s), domains: %s",
             len(config.files),
-            ", ".join(sorted(config.domains)) or "(none)",
+            one_line(", ".join(sorted(config.domains)) or "(none)"),
         )
         if self.on_change is not None:
             self.on_change(config)
@@ -113,19 +203,104 @@ class ConfigHolder:
     def changed(self) -> bool:
         return fingerprint(self.paths) != self._fingerprint
 
-    async def watch(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
+    def _watch_roots(self) -> tuple[list[str], list[str]]:
+        """(directories to watch recursively, parents of config files to watch alone)."""
+        trees, parents = [], []
+        for path in self.paths:
+            if os.path.isdir(path):
+                trees.append(path)
+            else:
+                parent = os.path.dirname(os.path.abspath(path))
+                if os.path.isdir(parent) and parent not in parents:
+                    parents.append(parent)
+        return trees, parents
+
+    async def _watch_events(
+        self, roots: list[str], recursive: bool, wake: asyncio.Event, interval: float
+    ) -> None:
+        """Set `wake` on every batch of changes under `roots` (inotify through watchfiles, in a
+        daemon thread: even setting up the watches walks the tree); when the watcher cannot
+        run, set it every `interval` instead (the fingerprint check still runs off the loop)."""
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        ended: asyncio.Future[str] = loop.create_future()
+
+        def finish(reason: str) -> None:
+            if not ended.done():
+                ended.set_result(reason)
+
+        def run() -> None:
+            import watchfiles
+
+            reason = "watcher stopped"
+            settled = False
             try:
-                if self.changed():
-                    # Name what changed (edited, added or removed files) before reloading.
-                    now = set(fingerprint(self.paths))
-                    changed = sorted({item[0] for item in now ^ set(self._fingerprint)})
-                    log.info("config change detected: %s", ", ".join(changed) or "(unknown)")
-                    self.reload()
-            except Exception:  # a reload bug must never stop reloading for good
-                log.exception("config reload failed unexpectedly; keeping the old config")
-                self.metrics.config_loads.labels("error").inc()
+                for changes in watchfiles.watch(
+                    *roots,
+                    watch_filter=None,
+                    recursive=recursive,
+                    debounce=WATCH_DEBOUNCE_MS,
+                    step=WATCH_STEP_MS,
+                    stop_event=stop,
+                    ignore_permission_denied=True,
+                    raise_interrupt=False,
+                    rust_timeout=WATCH_READY_MS,
+                    yield_on_timeout=True,
+                ):
+                    # The first yield (a change, or an empty set after WATCH_READY_MS) means
+                    # the watches are in place: check once for changes made before that.
+                    if changes or not settled:
+                        settled = True
+                        loop.call_soon_threadsafe(wake.set)
+            except Exception as exc:
+                reason = one_line(str(exc)) or type(exc).__name__
+            if not stop.is_set():
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(finish, reason)
+
+        thread = threading.Thread(target=run, name="rls-config-watch", daemon=True)
+        thread.start()
+        try:
+            reason = await ended
+            log.warning(
+                "cannot watch %s (%s); checking for changes every %g s instead",
+                ", ".join(roots),
+                reason,
+                interval,
+            )
+            while True:
+                await asyncio.sleep(interval)
+                wake.set()
+        finally:
+            # The watcher sees `stop` within WATCH_STEP_MS; wait for it so that it never wakes
+            # up in Rust code while the interpreter is finalizing (rls is exiting).
+            stop.set()
+            thread.join(timeout=2 * WATCH_STEP_MS / 1000)
+
+    async def watch(self, interval: float) -> None:
+        wake = asyncio.Event()
+        trees, parents = self._watch_roots()
+        loop = asyncio.get_running_loop()
+        watchers = [
+            loop.create_task(self._watch_events(roots, recursive, wake, interval))
+            for roots, recursive in ((trees, True), (parents, False))
+            if roots
+        ]
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                try:
+                    await self.reload_async(only_if_changed=True)
+                except Exception as exc:  # a reload bug must never stop reloading for good
+                    log.error("config reload failed unexpectedly: %s", one_line(repr(exc)))
+                    self.metrics.config_loads.labels("error").inc()
+        finally:
+            for task in watchers:
+                task.cancel()
+            for task in watchers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def start(self, interval: float) -> None:
         if self._task is None and interval > 0:

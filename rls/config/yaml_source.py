@@ -7,6 +7,8 @@ a float, timestamps stay strings. Type errors read like the reference's unmarsha
 from __future__ import annotations
 
 import re
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -109,12 +111,115 @@ _Loader.add_implicit_resolver(
 )
 
 
-def parse_yaml(file: str, text: str) -> Any:
-    """First YAML document of `text` (the reference reads only the first)."""
+@dataclass(frozen=True, slots=True)
+class YamlBudget:
+    """What one YAML document may cost before it is rejected (DESIGN §10).
+
+    `max_nodes` counts the tree as the parser will walk it, aliases expanded: ten aliases of
+    an anchor holding ten aliases… ("billion laughs") compose into a few hundred nodes but
+    expand into billions. `max_depth` bounds nesting before Python's recursion limit is near.
+    `deadline` is a `time.monotonic()` instant checked while the text is scanned and composed.
+    """
+
+    max_nodes: int = 1_000_000
+    max_depth: int = 200
+    deadline: float = float("inf")
+
+
+DEFAULT_BUDGET = YamlBudget()
+
+
+class _BudgetError(Exception):
+    """Raised inside the composer; turned into a ConfigError naming the file and line."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+class _BudgetLoader(_Loader):
+    """`_Loader` that counts and bounds the nodes it composes (see YamlBudget)."""
+
+    def __init__(self, text: str, budget: YamlBudget) -> None:
+        super().__init__(text)
+        self.budget = budget
+        self.depth = 0
+        self.composed = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        self.composed += 1
+        try:
+            if self.depth > self.budget.max_depth:
+                raise _BudgetError(
+                    self._line(), f"nested deeper than {self.budget.max_depth} levels"
+                )
+            if self.composed & 1023 == 0 and time.monotonic() > self.budget.deadline:
+                raise _BudgetError(self._line(), "time budget exceeded while parsing")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def _line(self) -> int:
+        return self.peek_event().start_mark.line + 1
+
+
+def _expanded_size(root: yaml.Node, budget: YamlBudget) -> None:
+    """Count `root`'s nodes with aliases expanded; raise _BudgetError past the budget.
+
+    Linear in the composed graph (sizes are memoised per node), so a billion-laughs document
+    is rejected at once instead of being walked. An anchor that contains itself is rejected
+    too: nothing in a descriptor file can be infinite.
+    """
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        known = sizes.get(key)
+        if known is not None:
+            return known
+        if key in active:
+            raise _BudgetError(
+                node.start_mark.line + 1, "a YAML anchor that contains itself"
+            )
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                total += size(item)
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                total += size(k) + size(v)
+        active.discard(key)
+        if total > budget.max_nodes:
+            raise _BudgetError(
+                node.start_mark.line + 1,
+                f"more than {budget.max_nodes} nodes once aliases are expanded",
+            )
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
+def parse_yaml(file: str, text: str, budget: YamlBudget = DEFAULT_BUDGET) -> Any:
+    """First YAML document of `text` (the reference reads only the first), within `budget`."""
+    loader: _BudgetLoader | None = None
     try:
-        for doc in yaml.load_all(text, Loader=_Loader):  # a SafeLoader subclass
-            return doc
-        return None
+        loader = _BudgetLoader(text, budget)  # the reader checks the characters here
+        if not loader.check_node():
+            return None
+        node = loader.get_node()
+        if node is None:
+            return None
+        _expanded_size(node, budget)
+        return loader.construct_document(node)
+    except _BudgetError as exc:
+        raise ConfigError(
+            file, f"error loading config file: yaml: line {exc.line}: {exc.message}"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(file, f"error loading config file: {_yaml_error(exc)}") from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
@@ -122,11 +227,15 @@ def parse_yaml(file: str, text: str) -> Any:
         raise ConfigError(file, f"error loading config file: yaml: bad scalar: {exc}") from None
     except RecursionError:
         raise ConfigError(file, "error loading config file: yaml: nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def _yaml_error(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
+    # One line: some errors (a NUL or other unreadable character) render on several lines.
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
     if mark is not None:
         return f"yaml: line {mark.line + 1}: {problem}"
     return f"yaml: {problem}"

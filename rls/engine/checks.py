@@ -12,8 +12,9 @@ from rls.config.model import Domain, Limit
 from rls.engine.decision import OVER_LIMIT, UNLIMITED_REMAINING, DescriptorIn, Status
 from rls.engine.keys import counter_key
 from rls.engine.model import NEGATIVE, Check
+from rls.memo import STR_OVERHEAD, TUPLE_OVERHEAD, entries_cost
 
-MEMO_MAX = 10_000  # match results kept per domain; cleared whole when full
+MEMO_MAX = 10_000  # match results kept per domain (rls.memo.MATCH_MEMO_ENTRIES)
 
 
 def match_targets(
@@ -33,6 +34,19 @@ def match_targets(
         (limit, counter_key(prefix, domain, parts, limit.ident), dyn, meta)
         for limit in path[-1].limits
     )
+
+
+def match_cost(
+    entries: tuple[tuple[str, str], ...],
+    targets: tuple[tuple[Limit, str, str | None, dict[str, Any] | None], ...],
+) -> int:
+    """Estimated bytes of one match-memo entry (its key and value), for BoundedCache."""
+    cost = entries_cost(entries) + TUPLE_OVERHEAD
+    for _, key, dyn, _ in targets:
+        cost += len(key) + STR_OVERHEAD + TUPLE_OVERHEAD + 48
+        if dyn is not None:
+            cost += len(dyn) + STR_OVERHEAD
+    return cost
 
 
 def passed_metadata(

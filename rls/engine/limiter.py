@@ -15,7 +15,7 @@ from rls.backends.base import Backend, BackendError, StoreDown
 from rls.config.model import UNIT_SECONDS, Domain, Limit, RateLimitConfig, Unit
 from rls.engine.budget import OVERLOADED, LoopLag, store_deadline
 from rls.engine.calendar import CalendarCache
-from rls.engine.checks import MEMO_MAX, match_targets, merge_same_counter, passed_metadata
+from rls.engine.checks import match_cost, match_targets, merge_same_counter, passed_metadata
 from rls.engine.decision import (
     OK,
     OVER_LIMIT,
@@ -179,9 +179,7 @@ class RateLimiter:
             targets = memo.get(desc.entries)
             if targets is None:
                 targets = match_targets(dom, domain, desc.entries, prefix)
-                if len(memo) >= MEMO_MAX:
-                    memo.clear()
-                memo[desc.entries] = targets
+                memo.put(desc.entries, targets, match_cost(desc.entries, targets))
             for limit, key, dyn, _ in targets:
                 if limit.replaces:
                     replaced.update(limit.replaces)
@@ -202,6 +200,9 @@ class RateLimiter:
             if limit.charge_always:
                 flags |= CHARGE_ALWAYS
             if negative:
+                if not limit.accept_releases:  # see Limit.accept_releases
+                    self.metrics.releases_ignored.labels(domain).inc()
+                    continue
                 flags |= NEGATIVE
             bounds = None
             if limit.calendar:

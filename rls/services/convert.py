@@ -113,7 +113,9 @@ def _unit_multiplier_field(multiplier: int) -> bytes:
             out.append((value & 0x7F) | 0x80)
             value >>= 7
         out.append(value)
-        raw = _MULTIPLIER_BYTES[multiplier] = bytes(out)
+        raw = bytes(out)
+        if len(_MULTIPLIER_BYTES) < 256:  # request-controlled: keep only a few
+            _MULTIPLIER_BYTES[multiplier] = raw
     return raw
 
 

@@ -20,6 +20,7 @@ from rls.engine.limiter import (
     Overloaded,
     RateLimiter,
 )
+from rls.memo import PARSE_MEMO_BYTES, PARSE_MEMO_ENTRIES, BoundedCache, entries_cost
 from rls.metrics import Metrics
 from rls.services.convert import to_descriptors, to_response
 from rls.services.extras import decorate
@@ -28,7 +29,7 @@ from rls.settings import Settings
 log = logging.getLogger("rls.service")
 
 SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
-PARSE_MEMO_MAX = 4096  # distinct request encodings remembered (~1 KB each)
+PARSE_MEMO_MAX = PARSE_MEMO_ENTRIES  # distinct request encodings remembered
 
 # (domain, descriptors, request hits_addend, the decoded request when at hand)
 Parsed = tuple[str, list[DescriptorIn], int, rls_pb2.RateLimitRequest | None]
@@ -78,7 +79,7 @@ class RateLimitService:
         self.settings = settings
         self.metrics = metrics
         self._log_gate = LogGate(per_second=5)
-        self._parsed: dict[bytes, Parsed] = {}
+        self._parsed = BoundedCache("request_parse", PARSE_MEMO_ENTRIES, PARSE_MEMO_BYTES)
         self._inflight = 0
         self._margin = settings.deadline_margin_ms / 1000
 
@@ -151,7 +152,8 @@ class RateLimitService:
 
         Envoy sends byte-identical requests for the same caller, path and address again and
         again, so most calls skip protobuf decoding and validation (half of rls's own cost per
-        call). Invalid requests are never memoised; the memo is bounded and cleared when full.
+        call). Invalid requests are never memoised; the memo is bounded in entries and bytes
+        (rls.memo.BoundedCache, least recently used out first).
         """
         if len(data) > self.settings.max_request_bytes:
             await self._reject(context, f"request of {len(data)} bytes is too large")
@@ -164,10 +166,10 @@ class RateLimitService:
         except InvalidRequest as exc:
             await self._reject(context, str(exc))
         parsed: Parsed = (request.domain, descriptors, request.hits_addend, request)
-        memo = self._parsed
-        if len(memo) >= PARSE_MEMO_MAX:
-            memo.clear()
-        memo[data] = (request.domain, descriptors, request.hits_addend, None)
+        cost = len(data) + 2 * len(request.domain) + sum(
+            entries_cost(d.entries) + 96 for d in descriptors
+        )
+        self._parsed.put(data, (request.domain, descriptors, request.hits_addend, None), cost)
         return parsed
 
     async def _reject(self, context: grpc.aio.ServicerContext, message: str) -> None:

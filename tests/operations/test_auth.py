@@ -1,5 +1,5 @@
-"""RLS_ADMIN_TOKEN: mutating admin endpoints need `Authorization: Bearer <token>`; reads stay
-open; the CLI sends the token from its environment (README "Admin API")."""
+"""RLS_ADMIN_TOKEN: mutating admin endpoints and /json need `Authorization: Bearer <token>`;
+reads stay open; the CLI sends the token from its environment (README "Admin API")."""
 
 from __future__ import annotations
 
@@ -69,11 +69,11 @@ def test_reads_stay_open(srv):
     assert http(srv.http_url, "GET", "/healthcheck") == (200, "OK")
     assert http(srv.http_url, "GET", "/rlconfig")[0] == 200
     assert http(srv.http_url, "GET", "/rlconfig?format=json")[0] == 200
-    # /json stays open like the reference's (it charges, as Envoy's calls do).
-    status, payload = http(
-        srv.http_url, "POST", "/json",
-        {"domain": "ops", "descriptors": [{"entries": [{"key": "k", "value": v}]}]},
-    )
+    # /json charges counters (as Envoy's calls do), so it needs the token like /add.
+    request = {"domain": "ops", "descriptors": [{"entries": [{"key": "k", "value": v}]}]}
+    assert http(srv.http_url, "POST", "/json", request)[0] == 401
+    assert used(srv.http_url, "ops", [("k", v)]) == 1
+    status, payload = http(srv.http_url, "POST", "/json", request, headers=AUTH)
     assert status == 200 and payload["overallCode"] == "OK", payload
 
 

@@ -6,7 +6,8 @@ What is checked, against the sources rather than copies of their values:
 - ENTRYPOINT is a console script of [project.scripts] whose target imports;
 - CMD parses with rls's own argument parser; EXPOSE lists exactly the gRPC port of
   rls/settings.py's default `grpc_addr` and the admin port, which is the default port of
-  `http_addr` bound to 0.0.0.0 by CMD;
+  `http_addr`; CMD leaves the admin listener on loopback (safe by default), and moving it off
+  loopback with RLS_HTTP_ADDR is refused unless RLS_ADMIN_TOKEN is set too;
 - the HEALTHCHECK URL path is a route of the real admin app (rls/admin/app.py), and the
   HEALTHCHECK command itself, pointed at a real `rls serve`, exits 0 while it is healthy and
   non-zero once it is gone;
@@ -125,9 +126,21 @@ def test_cmd_parses_and_exposed_ports_are_the_settings_defaults():
     http_host, http_port = split_addr(settings.http_addr)
     assert (grpc_host, grpc_port) == split_addr(defaults.grpc_addr) == ("0.0.0.0", 8081)
     assert http_port == split_addr(defaults.http_addr)[1] == 8080
-    assert http_host == "0.0.0.0", "the admin port must be reachable from outside the container"
+    assert http_host == "127.0.0.1", "without a token the admin API must stay on loopback"
     exposed = {int(p.split("/")[0]) for p in one("EXPOSE").split()}
     assert exposed == {grpc_port, http_port}
+
+
+def test_exposing_the_admin_port_needs_a_token(monkeypatch):
+    """The documented way out (`-e RLS_HTTP_ADDR=0.0.0.0:8080`) works only with a token."""
+    cmd = exec_form(one("CMD"))
+    monkeypatch.delenv("RLS_ADMIN_TOKEN", raising=False)
+    monkeypatch.delenv("RLS_ADMIN_INSECURE", raising=False)
+    monkeypatch.setenv("RLS_HTTP_ADDR", "0.0.0.0:8080")
+    with pytest.raises(ValueError, match="not on loopback and RLS_ADMIN_TOKEN is not set"):
+        _settings_from(_parser().parse_args(cmd))
+    monkeypatch.setenv("RLS_ADMIN_TOKEN", "t0ken")
+    assert _settings_from(_parser().parse_args(cmd)).http_addr == "0.0.0.0:8080"
 
 
 def healthcheck_command() -> list[str]:

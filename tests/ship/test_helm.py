@@ -126,7 +126,7 @@ def test_every_top_level_value_is_used():
 
 
 @pytest.mark.parametrize("overrides", [None, ALL_ON], ids=["defaults", "all-on"])
-def test_rendered_manifests_fit_together(overrides, tmp_path: Path):
+def test_rendered_manifests_fit_together(overrides, tmp_path: Path, monkeypatch):
     objs = manifests(overrides)
     values = VALUES if overrides is None else {**VALUES, **overrides}
     deploy = only(objs, "Deployment")
@@ -150,16 +150,26 @@ def test_rendered_manifests_fit_together(overrides, tmp_path: Path):
             assert ("ConfigMap", v["configMap"]["name"]) in objs, v
 
     rls = container(deploy, "rls")
-    settings = _settings_from(_parser().parse_args(rls["args"]))
+    env = {e["name"]: e for e in rls["env"]}
+    monkeypatch.delenv("RLS_ADMIN_INSECURE", raising=False)
+    monkeypatch.delenv("RLS_ADMIN_TOKEN", raising=False)
+    if "RLS_ADMIN_TOKEN" in env:  # as the pod would have it (from the Secret)
+        monkeypatch.setenv("RLS_ADMIN_TOKEN", "from-the-secret")
+    settings = _settings_from(_parser().parse_args(rls["args"]))  # validates, as rls does
     mounts = {m["mountPath"]: m["name"] for m in rls["volumeMounts"]}
     (config_dir,) = settings.config
     descriptors_cm = objs[("ConfigMap", volumes[mounts[config_dir]]["configMap"]["name"])]
     assert settings.grpc_addr.endswith(f":{ports['grpc']}")
-    assert settings.http_addr == f"0.0.0.0:{ports['http']}"
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert rls[probe]["httpGet"] == {"path": "/healthcheck", "port": "http"}
+    if "RLS_ADMIN_TOKEN" in env:  # admin on the pod IP, probed over HTTP
+        assert settings.http_addr == f"0.0.0.0:{ports['http']}"
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert rls[probe]["httpGet"] == {"path": "/healthcheck", "port": "http"}
+    else:  # no token: admin on loopback, probes through gRPC health
+        assert settings.http_addr == f"127.0.0.1:{ports['http']}"
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert rls[probe]["grpc"] == {"port": ports["grpc"]}
+            assert "httpGet" not in rls[probe]
     known = {f"RLS_{name.upper()}" for name in FLAGS} | {"RLS_ADMIN_TOKEN", "RLS_CONFIG"}
-    env = {e["name"]: e for e in rls["env"]}
     assert set(env) <= known, set(env) - known
 
     # The descriptor files pass rls check-config, as they would in the pod.
@@ -198,6 +208,20 @@ def test_defaults_are_one_memory_backed_pod_without_secrets_or_sidecar():
     assert "RLS_REDIS_URL" not in env and "RLS_ADMIN_TOKEN" not in env
     resources = container(deploy, "rls")["resources"]
     assert resources["requests"]["cpu"] and resources["limits"]["memory"]
+
+
+def test_admin_is_closed_by_default():
+    """No token: the admin listener stays on loopback, and a ServiceMonitor (which would need
+    /metrics on the pod IP) is refused with a message saying why."""
+    rls = container(only(manifests(), "Deployment"), "rls")
+    args = rls["args"]
+    assert args[args.index("--http-addr") + 1].startswith("127.0.0.1:")
+    with pytest.raises(TemplateError, match=r"serviceMonitor\.enabled needs adminToken"):
+        render_chart(CHART, {"serviceMonitor": {"enabled": True}})
+    monitored = manifests({"serviceMonitor": {"enabled": True},
+                           "adminToken": {"existingSecret": "ops-token"}})
+    rls = container(only(monitored, "Deployment"), "rls")
+    assert rls["args"][rls["args"].index("--http-addr") + 1].startswith("0.0.0.0:")
 
 
 def test_secrets_redis_url_and_admin_token():
