@@ -1,7 +1,8 @@
 """What the admin listener lets in (DESIGN §8, docs/admin.md "Access").
 
 - A bearer token (`RLS_ADMIN_TOKEN`) guards every request that charges or changes state:
-  every method but GET/HEAD/OPTIONS (except `POST /counters`, a read-only query) and `/json`
+  every method but GET/HEAD/OPTIONS (except the read-only queries `POST /counters`,
+  `/v1/counters/get`, `/v1/counters/batch_get`) and `/json`
   whatever the method (it charges counters, like Envoy's calls). `/healthcheck`, `/metrics`
   and the other reads stay open for probes and Prometheus.
 - Every POST (any method but GET/HEAD/OPTIONS) must say `Content-Type: application/json`
@@ -30,7 +31,9 @@ MAX_BODY_BYTES = 1 << 20  # aiohttp's client_max_size for the admin app
 MAX_JSON_DEPTH = 32  # real bodies nest 5 levels (items → descriptors → entries)
 BODY_SECONDS = 10.0  # a client must send its whole body within this
 IDLE_SECONDS = 15.0  # idle or slow-header connections are closed after this (keep-alive)
-READ_ONLY_POSTS = frozenset({"/counters"})
+READ_ONLY_POSTS = frozenset(
+    {"/counters", "/v1/counters/get", "/v1/counters/batch_get"}  # queries, no charge
+)
 ALWAYS_GUARDED = frozenset({"/json"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
