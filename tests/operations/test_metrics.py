@@ -138,7 +138,9 @@ descriptors:
                   wait_healthy=False)
     wait_until(lambda: "not ready: redis not reachable" in srv.log(), timeout=30,
                what="the unreachable store logged")
-    assert http_get(srv.http_url + "/healthcheck")[0] == 500  # not ready without its store
+    # Not ready without its store (the admin listener opens right after the first attempt).
+    wait_until(lambda: http_get(srv.http_url + "/healthcheck")[0] == 500, timeout=30,
+               what="/healthcheck answering 500")
     before = scrape(srv.http_url)
     # The store never answered: the breaker is open from the start, calls fail at once.
     assert value(before, "rls_backend_circuit_open", backend="redis") == 1

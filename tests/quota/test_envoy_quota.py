@@ -182,8 +182,14 @@ def test_unmatched_bucket_is_allowed_and_a_bucket_dropped_by_reload_is_abandoned
     bob = [envoy.request("GET", "/api", headers={"x-client-id": "bob"}).status
            for _ in range(10)]
     assert bob == [200] * 10
-    alice = [envoy.request("GET", "/api", headers={"x-client-id": "alice"}).status
-             for _ in range(10)]
+    # Alice's first request creates her bucket; Envoy reports it at once and rls answers with
+    # an assignment. Wait for that answer (a loaded machine may take a while), then go on.
+    sent = rls_metric(rls.http_url, "rls_quota_assignments_total")
+    alice = [envoy.request("GET", "/api", headers={"x-client-id": "alice"}).status]
+    wait_for(lambda: rls_metric(rls.http_url, "rls_quota_assignments_total") > sent,
+             timeout=10, what="an assignment for alice's new bucket")
+    alice += [envoy.request("GET", "/api", headers={"x-client-id": "alice"}).status
+              for _ in range(9)]
     assert alice.count(200) <= 3 + 1 and 429 in alice, alice
     config.write_text(SHARED)  # alice's descriptor is gone
     wait_for(
