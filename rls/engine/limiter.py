@@ -11,8 +11,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from rls.backends.base import Backend, BackendError, StoreDown
 from rls.config.model import UNIT_SECONDS, Domain, Limit, RateLimitConfig, Unit
+from rls.core.keys import counter_key
+from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
+from rls.core.usage import UsageOp, usage_ops
 from rls.engine.budget import OVERLOADED, LoopLag, store_deadline
 from rls.engine.calendar import CalendarCache
 from rls.engine.checks import match_cost, match_targets, merge_same_counter, passed_metadata
@@ -28,13 +30,11 @@ from rls.engine.decision import (
     Status,
 )
 from rls.engine.fallback import FallbackLimiter
-from rls.engine.keys import counter_key
 from rls.engine.local_cache import OverLimitCache
-from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.engine.top import NEAR, OVER, TopTalkers
-from rls.engine.usage import UsageOp, usage_ops
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.base import Backend, BackendError, StoreDown
 
 log = logging.getLogger("rls.limiter")
 

@@ -145,7 +145,8 @@ class RateLimitService:
                 request = rls_pb2.RateLimitRequest.FromString(data)
             decorate(response, decision, request, self.settings)
         self.metrics.latency.observe(time.perf_counter() - started)
-        return response.SerializeToString()
+        answer: bytes = response.SerializeToString()
+        return answer
 
     async def _parse(self, data: bytes, context: grpc.aio.ServicerContext) -> Parsed:
         """Decode and validate; valid results are memoised by their bytes.
