@@ -135,7 +135,10 @@ URL_SCHEMES: dict[str, tuple[str, ...]] = {
         "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
         "rediss+cluster",
     ),
-    "cache_store": ("redis", "rediss", "unix", "ssdb", "memory"),
+    "cache_store": (
+        "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
+        "rediss+cluster", "ssdb", "memory",
+    ),
 }
 
 

@@ -102,10 +102,22 @@ def _tls_options(secure: bool, query: dict[str, str]) -> dict[str, Any]:
 
 
 def connect(
-    url: str, timeout_s: float, connect_timeout_s: float, pool_size: int, sync: bool = False
+    url: str,
+    timeout_s: float,
+    connect_timeout_s: float,
+    pool_size: int,
+    sync: bool = False,
+    pool_timeout_s: float | None = None,
+    retry: Any = None,
 ) -> Any:
     """A redis-py client for any supported URL scheme: asyncio, or blocking with `sync` (the
-    health probe's own connection, used from a thread)."""
+    health probe's own connection, used from a thread). The one connector of rls: counters,
+    the response cache and the counters service all connect through it, so each gets
+    standalone, TLS, Sentinel and Cluster alike.
+
+    `pool_timeout_s`: how long a call waits for a free pooled connection (default: the larger
+    of 1 s and the socket timeout); `retry`: redis-py Retry for connection errors (standalone
+    and Sentinel; Cluster has its own retries)."""
     ns_redis: Any
     ns_pool: Any
     ns_sentinel: Any
@@ -138,8 +150,9 @@ def connect(
         pool = ns_pool.from_url(
             url,
             max_connections=pool_size,
-            timeout=max(1.0, timeout_s),
+            timeout=pool_timeout_s if pool_timeout_s is not None else max(1.0, timeout_s),
             retry_on_timeout=False,
+            **({"retry": retry} if retry is not None else {}),
             **common,
         )
         return ns_redis(connection_pool=pool)
@@ -156,7 +169,8 @@ def connect(
             **tls,
         )
         return sentinel.master_for(
-            service, db=db, max_connections=pool_size, **auth, **common, **tls
+            service, db=db, max_connections=pool_size,
+            **({"retry": retry} if retry is not None else {}), **auth, **common, **tls
         )
     if scheme in ("redis+cluster", "rediss+cluster"):
         # RedisCluster takes no retry_on_timeout; its own retries are turned off instead.
