@@ -4,7 +4,7 @@ Everything runs in this one Python process, pinned to one CPU (`--no-pin` to dis
 one private redis-server. Per algorithm, each implementation decides one descriptor per call
 (a user id cycling over 1,000 values, limit 10^9 per minute so nothing is ever denied):
 
-- rls: `rls.engine.limiter.RateLimiter` with `rls.backends.redis.RedisBackend` — the full
+- rls: `rls.engine.limiter.RateLimiter` with `rls.stores.redis.RedisBackend` — the full
   engine path of a ShouldRateLimit call (match, key, one EVALSHA, statuses, metrics);
 - limits (alisaifee): `limits.aio.strategies.<Strategy>(RedisStorage).hit(item, "bench", user)`
   with both async clients it supports (coredis, its default, and redis-py);
@@ -66,7 +66,7 @@ USERS = [f"user{i}" for i in range(1000)]
 
 
 async def make_rls(url: str, algorithm: str) -> Impl:
-    from rls.backends.redis import RedisBackend
+    from rls.stores.redis import RedisBackend
     from rls.config.loader import load_files
     from rls.engine.limiter import OK, DescriptorIn, RateLimiter
     from rls.metrics import Metrics

@@ -86,7 +86,7 @@ def breakdown(inside: dict[str, float]) -> str:
 
 
 async def rls_costs(url: str, client: Any, algorithm: str, n: int) -> list[dict[str, Any]]:
-    from rls.backends.redis import RedisBackend
+    from rls.stores.redis import RedisBackend
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
     from rls.metrics import Metrics
@@ -141,7 +141,7 @@ async def rls_costs(url: str, client: Any, algorithm: str, n: int) -> list[dict[
 
 
 async def rls_bytes(url: str, client: Any, algorithm: str) -> dict[str, Any]:
-    from rls.backends.redis import RedisBackend
+    from rls.stores.redis import RedisBackend
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
     from rls.metrics import Metrics
@@ -175,7 +175,7 @@ async def log_scaling(url: str, client: Any, algorithm: str, sizes: tuple[int, .
     The log is filled directly with ZADD (members `<seq>:1`, scored now) so that large logs
     are quick to build; then `n` decisions are timed with commandstats.
     """
-    from rls.backends.redis import RedisBackend
+    from rls.stores.redis import RedisBackend
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
     from rls.metrics import Metrics
@@ -282,7 +282,7 @@ async def target_costs(url: str, client: Any, n: int, rounds: int) -> list[dict[
     measured in the same rounds."""
     import redis.asyncio as aioredis
 
-    from rls.backends.redis import RedisBackend
+    from rls.stores.redis import RedisBackend
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
     from rls.metrics import Metrics

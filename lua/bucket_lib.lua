@@ -1,6 +1,6 @@
 -- Shared helpers of the bucket algorithms (token bucket, leaky bucket).
 -- Bucket value: "<tokens or level %.17g>:<last ms>". Float arithmetic in the same order as
--- rls/engine/algorithms/buckets.py so both give bit-identical answers.
+-- rls/core/algorithms/buckets.py so both give bit-identical answers.
 local function bk_read(key)
   local f = read_fields(key)
   if not f or #f ~= 2 then return nil, nil end

@@ -1,6 +1,6 @@
 -- Decide one whole request atomically: evaluate every check, apply the admission rule
--- (mirror of rls/engine/admission.py), then charge the selected checks. One EVALSHA per request.
--- rls/backends/scripts.py puts in front of this file the generated prelude (flag bits,
+-- (mirror of rls/core/admission.py), then charge the selected checks. One EVALSHA per request.
+-- rls/stores/scripts.py puts in front of this file the generated prelude (flag bits,
 -- GRACE_MS) and only the algorithms the request uses, each registered in ALGOS by its id.
 --
 -- KEYS[i]: counter key of check i.

@@ -9,7 +9,7 @@
 -- KEYS[i]: counter key of check i. ARGV[1]: now in ms, or '' for Redis TIME. ARGV[2]: mode,
 -- as in decide.lua. ARGV[3]: per check 4 little-endian doubles: flags, hits, limit, window ms.
 -- Returns {admitted, now, then per check: used * 4 + ok * 2 + charged}; the client derives
--- remaining and reset from these (rls/backends/scripts.py `lean_verdict`).
+-- remaining and reset from these (rls/stores/scripts.py `lean_verdict`).
 local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])

@@ -1,4 +1,4 @@
--- Fixed window with overdraft and calendar bounds; twin of rls/engine/algorithms/fixed_window.py.
+-- Fixed window with overdraft and calendar bounds; twin of rls/core/algorithms/fixed_window.py.
 -- Value: "<window start ms>:<usage incl. debt>:<debt at window start>".
 local function fw_bounds(now, a)
   if a.stop > 0 then return a.start, a.stop, a.prev end

@@ -1,4 +1,4 @@
--- GCRA with an exact theoretical arrival time; twin of Gcra in rls/engine/algorithms/buckets.py.
+-- GCRA with an exact theoretical arrival time; twin of Gcra in rls/core/algorithms/buckets.py.
 -- Value: "<base ms>:<k hits>", TAT = base + k * window / cap. Every comparison is one division
 -- of exact integers, so ties are decided exactly and the same way as in Python.
 local function gcra_state(key, now, a)

@@ -1,4 +1,4 @@
--- Leaky bucket as a meter; twin of LeakyBucket in rls/engine/algorithms/buckets.py.
+-- Leaky bucket as a meter; twin of LeakyBucket in rls/core/algorithms/buckets.py.
 local function lb_level(key, now, a)
   local level, last = bk_read(key)
   if level == nil then return 0 end

@@ -1,4 +1,4 @@
--- Shared by sliding_log.lua and concurrency.lua; twin of rls/engine/algorithms/log.py.
+-- Shared by sliding_log.lua and concurrency.lua; twin of rls/core/algorithms/log.py.
 -- A sorted set of entries: score = time ms, member = "<cum>:<hits>", where cum is the running
 -- total of hits in the log up to and including this entry, written as 16 zero-padded digits so
 -- that entries of one millisecond sort by it. Hits in the window are then

@@ -1,4 +1,4 @@
--- Sliding window (two-window weighted counter); twin of rls/engine/algorithms/sliding_window.py.
+-- Sliding window (two-window weighted counter); twin of rls/core/algorithms/sliding_window.py.
 -- Value: "<window start ms>:<current count>:<previous count>".
 local function sw_read(key, now, window)
   local start = now - now % window

@@ -1,4 +1,4 @@
--- Token bucket; twin of TokenBucket in rls/engine/algorithms/buckets.py.
+-- Token bucket; twin of TokenBucket in rls/core/algorithms/buckets.py.
 local function tb_tokens(key, now, a)
   local tokens, last = bk_read(key)
   if tokens == nil then return a.burst end

@@ -28,7 +28,7 @@ def _given(metadata: Any) -> bytes:
     return b""
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):
+class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Refuses every call but health checks whose `authorization` metadata lacks the token."""
 
     def __init__(self, token: str) -> None:

@@ -47,3 +47,29 @@ def setup_logging(level: str, fmt: str, worker: str | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class LogGate:
+    """At most `per_second` lines per second; the rest are counted (and reported with the next
+    line), so a flood of bad requests or a dead store cannot fill the disk. The one throttle
+    for repetitive log lines."""
+
+    def __init__(self, per_second: int) -> None:
+        self.per_second = per_second
+        self._second = 0
+        self._used = 0
+        self._suppressed = 0
+
+    def allow(self) -> bool:
+        now = int(time.monotonic())
+        if now != self._second:
+            self._second, self._used = now, 0
+        if self._used < self.per_second:
+            self._used += 1
+            return True
+        self._suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        count, self._suppressed = self._suppressed, 0
+        return count

@@ -26,10 +26,10 @@ from prometheus_client import (
 )
 
 from rls import __version__
-from rls.config.model import Limit
+from rls.core.limits import Limit
 from rls.memo import publish_to
 
-disable_created_metrics()  # halves the /metrics size; *_created series carry nothing useful here
+disable_created_metrics()  # type: ignore[no-untyped-call]  # halves the /metrics size; *_created series carry nothing useful here
 
 
 class Pending:
@@ -222,7 +222,7 @@ class Metrics:
             from prometheus_client import multiprocess
 
             registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
             return generate_latest(registry)
         return generate_latest(self.registry)
 
@@ -230,7 +230,8 @@ class Metrics:
         if key is None:
             cached = limit.stats
             if cached is not None and cached[0] is self:
-                return cached[1]
+                found_pending: Pending = cached[1]
+                return found_pending
             key = limit.full_key
         else:
             found = self._dynamic.get(key)

@@ -17,11 +17,6 @@ from rls.admin.app import RUNNER_OPTIONS, AdminState, create_app
 from rls.admin.auth import admin_token
 from rls.admin.cache import add_cache_routes
 from rls.admin.switches import follow_shared
-from rls.backends import create_backend
-from rls.backends.base import Backend, BackendError
-from rls.backends.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
-from rls.backends.redis import StoreRejected
-from rls.cache import build_cache
 from rls.cache.store import GuardedStore, StoreError
 from rls.config.errors import ConfigError
 from rls.config.model import RateLimitConfig
@@ -35,10 +30,15 @@ from rls.engine.top import TopTalkers, dumps_snapshot
 from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
 from rls.grpc_auth import interceptors
 from rls.metrics import Metrics
+from rls.services.extproc import build_cache
 from rls.services.health import create_health, set_serving
 from rls.services.quota import QuotaService
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
+from rls.stores import create_backend
+from rls.stores.base import Backend, BackendError
+from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from rls.stores.redis import StoreRejected
 from rls.workers import shared_dir, watch_supervisor
 
 log = logging.getLogger("rls.server")

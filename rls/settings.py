@@ -9,6 +9,8 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 
+from rls.stores.urls import normalize_redis_url
+
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
 REFERENCE_ENV = {
     "redis_url": "REDIS_URL",
@@ -107,8 +109,6 @@ class Settings:
                     "is not set: set a token, bind --http-addr 127.0.0.1:PORT, "
                     "or pass --admin-insecure",
                 )
-        from rls.backends.urls import normalize_redis_url
-
         try:
             self.redis_url = normalize_redis_url(self.redis_url)
         except ValueError as exc:
@@ -117,8 +117,8 @@ class Settings:
             url = getattr(self, name)
             scheme = url.partition("://")[0] if "://" in url else ""
             if url and scheme not in schemes:
-                allowed = ", ".join(s + "://" for s in schemes)
-                raise SettingError(name, f"{url!r}: the scheme must be one of {allowed}")
+                one_of = ", ".join(scheme_ + "://" for scheme_ in schemes)
+                raise SettingError(name, f"{url!r}: the scheme must be one of {one_of}")
 
 
 def _check_addr(name: str, addr: str) -> None:
@@ -135,7 +135,10 @@ URL_SCHEMES: dict[str, tuple[str, ...]] = {
         "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
         "rediss+cluster",
     ),
-    "cache_store": ("redis", "rediss", "unix", "ssdb", "memory"),
+    "cache_store": (
+        "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
+        "rediss+cluster", "ssdb", "memory",
+    ),
 }
 
 

@@ -161,7 +161,7 @@ def _mark_dead(pid: int) -> None:
     from prometheus_client import multiprocess
 
     try:
-        multiprocess.mark_process_dead(pid)
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
     except Exception:
         pass
 

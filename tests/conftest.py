@@ -179,3 +179,33 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
     yield start
     for rls in started:
         rls.stop()
+
+
+# --- markers -------------------------------------------------------------------------------
+# Every test gets one kind, derived from where it lives and what it uses, so that
+# `pytest -m unit` is the fast loop and `-m "not slow"` skips the long ones:
+#   slow  - load, fault, observability (real Prometheus) and quota (real Envoy, windows) suites
+#   envoy - tests that start a real Envoy
+#   redis - tests that use a real redis-server (a fixture, or an rls process on one)
+#   unit  - the rest: in process, no external server
+SLOW_DIRS = {"load", "faults", "observability", "quota"}
+ENVOY_DIRS = {"e2e"}
+ENVOY_FILES = {"test_cache_e2e.py", "test_demo.py", "test_demo_quota.py", "test_envoy_quota.py"}
+REDIS_DIRS = {"redis_topologies", "redis_path", "algorithms", "counters"}
+REDIS_FIXTURES = {"redis_server", "redis_url", "fresh_redis", "ops_redis", "debug_redis",
+                  "redis_servers", "auth_redis", "tls_redis"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        folder = parts[0] if len(parts) > 1 else ""
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if folder in SLOW_DIRS:
+            item.add_marker(pytest.mark.slow)
+        if folder in ENVOY_DIRS or parts[-1] in ENVOY_FILES:
+            item.add_marker(pytest.mark.envoy)
+        elif folder in REDIS_DIRS or fixtures & REDIS_FIXTURES or "srv" in fixtures:
+            item.add_marker(pytest.mark.redis)
+        elif folder not in SLOW_DIRS and "rls_factory" not in fixtures:
+            item.add_marker(pytest.mark.unit)

@@ -1,6 +1,6 @@
 """Fixed window + admission rule: an independent reference model against both backends.
 
-The model below is written from DESIGN §6 and the rule stated in rls/engine/admission.py's
+The model below is written from DESIGN §6 and the rule stated in rls/core/admission.py's
 docstring, not from rls's algorithm code:
 
 - fixed windows aligned to the epoch: window index = now // window; a counter from an earlier
@@ -17,7 +17,7 @@ docstring, not from rls's algorithm code:
   before this request.
 
 Within one request every check is on its own counter: the backend contract
-(rls/backends/base.py) has the limiter fold checks sharing a counter before calling, so that
+(rls/stores/base.py) has the limiter fold checks sharing a counter before calling, so that
 case is tested through the limiter (tests/test_limiter.py).
 
 Hypothesis traces are replayed against the model, MemoryBackend and RedisBackend with the same
@@ -35,10 +35,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rls.backends.memory import MemoryBackend
-from rls.backends.redis import RedisBackend
 from rls.config.model import Limit, Unit
-from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Verdict
+from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Verdict
+from rls.stores.memory import MemoryBackend
+from rls.stores.redis import RedisBackend
 
 WINDOWS = {1000: Unit.SECOND, 60000: Unit.MINUTE}
 T0 = 1_700_000_040_000  # aligned to both the second and the minute

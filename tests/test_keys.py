@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rls.config.model import ALGORITHMS, UNIT_SECONDS, Limit, Unit
-from rls.engine.keys import counter_key
+from rls.core.keys import counter_key
 
 MAX_KEY_BYTES = 250
 MAX_PREFIX_BYTES = 32

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from rls.backends.memory import MemoryBackend
 from rls.config.loader import load_files
 from rls.config.model import Limit, Unit
 from rls.engine.limiter import (
@@ -20,6 +19,7 @@ from rls.engine.limiter import (
 )
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.memory import MemoryBackend
 
 UNLIMITED = 4294967295
 T0 = 1_699_999_200_000  # aligned to the hour (so also to the minute and the second)

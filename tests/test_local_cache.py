@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from rls.backends.redis import RedisBackend
 from rls.config.loader import load_files
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.redis import RedisBackend
 
 CONFIG = """
 domain: lc

@@ -8,12 +8,12 @@ import pytest
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf.json_format import MessageToDict
 
-from rls.backends.memory import MemoryBackend
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
 from rls.metrics import Metrics
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
+from rls.stores.memory import MemoryBackend
 
 CONFIG = """
 domain: d

@@ -7,12 +7,12 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rls.backends.memory import MemoryBackend
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
 from rls.engine.top import CAPACITY, MAX_TEXT, NEAR, OVER, SpaceSaving, TopTalkers, merge_top
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.memory import MemoryBackend
 
 
 @settings(max_examples=60, deadline=None)

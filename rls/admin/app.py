@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from envoy.service.ratelimit.v3 import rls_pb2
@@ -41,7 +42,7 @@ class AdminState:
 # aiohttp server options of the admin listener (web.AppRunner keyword arguments): idle
 # connections, and connections that dribble their request headers, are closed after
 # IDLE_SECONDS (aiohttp starts this timer when a connection opens).
-RUNNER_OPTIONS: dict[str, float] = {"keepalive_timeout": IDLE_SECONDS}
+RUNNER_OPTIONS: dict[str, Any] = {"keepalive_timeout": IDLE_SECONDS}
 
 
 def create_app(state: AdminState) -> web.Application:

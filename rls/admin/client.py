@@ -66,7 +66,11 @@ def call(
         raw = exc.read()
         try:
             payload = json.loads(raw)
-            message = payload.get("error", raw.decode()) if isinstance(payload, dict) else raw
+            message = (
+                payload.get("error", raw.decode())
+                if isinstance(payload, dict)
+                else raw.decode(errors="replace")
+            )
         except ValueError:
             message = raw.decode(errors="replace").strip() or exc.reason
         if exc.code == 401:

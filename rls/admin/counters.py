@@ -15,9 +15,9 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import json_format
 
 from rls.admin.auth import BadBody, read_json, requires_token
-from rls.backends.base import BackendError
 from rls.engine.limiter import DescriptorIn, InvalidRequest
 from rls.services.convert import to_descriptors
+from rls.stores.base import BackendError
 
 MAX_BATCH = 30
 

@@ -12,7 +12,7 @@ import time
 
 from aiohttp import web
 
-from rls.engine.usage import calls_key, day_of, distinct_key
+from rls.core.usage import calls_key, day_of, distinct_key
 
 RESERVED = {"domain", "day", "distinct"}
 

@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 from rls.config.errors import ConfigError
+from rls.config.loader import is_cache_doc, read_text  # the loader's budgets and rule
+from rls.config.yaml_source import parse_yaml
 
 API_ATTRIBUTE = "xds.route_metadata.filter_metadata['gateway']['api']"
 DAY = 86400
@@ -155,9 +157,6 @@ def is_cache_file(path: str) -> bool:
     no `domain`) or a list whose first item is a mapping with `api`. Unreadable or invalid
     YAML is not a cache file (the descriptor loader then reports it).
     """
-    from rls.config.loader import is_cache_doc, read_text  # the loader's budgets and rule
-    from rls.config.yaml_source import parse_yaml
-
     try:  # regular files only, size/node/depth budgets: a FIFO or a YAML bomb is just "no"
         return is_cache_doc(parse_yaml(path, read_text(path)))
     except ConfigError:

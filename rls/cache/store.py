@@ -29,7 +29,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 if TYPE_CHECKING:
-    from rls.cache.metrics import CacheMetrics
+    from rls.stores.redis import connect
+from rls.cache.metrics import CacheMetrics
+from rls.stores.redis import connect
 
 T = TypeVar("T")
 
@@ -175,9 +177,17 @@ class RedisCacheStore(GuardedStore):
                 driver_info=None,  # no CLIENT SETINFO
                 **common,
             )
+            self.client: Any = aioredis.Redis.from_pool(pool)  # aclose() closes the pool too
         else:
-            pool = aioredis.BlockingConnectionPool.from_url(url, **common)
-        self.client: Any = aioredis.Redis.from_pool(pool)  # aclose() closes the pool too
+            # rls's one Redis connector: standalone, TLS, Sentinel and Cluster URLs alike.
+            self.client = connect(
+                url,
+                seconds,
+                common["socket_connect_timeout"],
+                pool_size,
+                pool_timeout_s=seconds,
+                retry=common["retry"],
+            )
 
     async def _get(self, key: str) -> bytes | None:
         value = await self.client.get(key)
@@ -306,6 +316,15 @@ def create_store(
     scheme = urlsplit(url).scheme
     if scheme == "ssdb":
         return RedisCacheStore(url, ssdb=True, timeout_ms=timeout_ms)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in REDIS_SCHEMES:
         return RedisCacheStore(url, timeout_ms=timeout_ms)
-    raise ValueError(f"unsupported cache store URL {url!r} (redis://, rediss://, ssdb://, memory://)")
+    raise ValueError(
+        f"unsupported cache store URL {url!r} (redis://, rediss://, redis+sentinel://, "
+        "redis+cluster://, unix://, ssdb://, memory://)"
+    )
+
+
+REDIS_SCHEMES = (
+    "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
+    "rediss+cluster",
+)

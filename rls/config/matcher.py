@@ -54,7 +54,8 @@ def explain(
         )
         return f"{head}: matched {' > '.join(_how(n) for n in path)} -> {limits}"
     # Why not: walk again, the same way, stopping where it fails.
-    level, walked = domain.root, []
+    level = domain.root
+    walked: list[str] = []
     for i, (key, value) in enumerate(entries):
         node = (level.by_key.get(key) or {}).get(value) if value else None
         if node is None:

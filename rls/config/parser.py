@@ -24,7 +24,7 @@ from rls.config.yaml_source import (
     as_uint,
     render,
 )
-from rls.engine.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+from rls.core.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 from rls.memo import BoundedCache
 
 REFERENCE_KEYS = frozenset(
@@ -425,7 +425,7 @@ _WILDCARD_CACHE = BoundedCache("wildcard", 10_000, 8 << 20)
 
 def wildcard_regex(pattern: str) -> re.Pattern[str]:
     """`*` matches zero or more characters, anywhere, any number of times; nothing else is magic."""
-    compiled = _WILDCARD_CACHE.get(pattern)
+    compiled: re.Pattern[str] | None = _WILDCARD_CACHE.get(pattern)
     if compiled is None:
         body = ".*".join(re.escape(part) for part in pattern.split("*"))
         compiled = re.compile(body, re.DOTALL)

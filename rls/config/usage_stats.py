@@ -1,4 +1,4 @@
-"""The domain-level `usage_stats` block (semantics in rls.engine.usage)."""
+"""The domain-level `usage_stats` block (semantics in rls.core.usage)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rls.config.errors import ConfigError
 from rls.config.yaml_source import as_list, as_str
-from rls.engine.usage import DistinctStat, UsageConfig
+from rls.core.usage import DistinctStat, UsageConfig
 
 
 def parse_usage_stats(file: str, raw: Any) -> UsageConfig | None:
-    """The domain-level `usage_stats` block (see rls.engine.usage)."""
+    """The domain-level `usage_stats` block (see rls.core.usage)."""
     if raw is None:
         return None
 

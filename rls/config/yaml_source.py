@@ -68,7 +68,7 @@ class _Loader(yaml.SafeLoader):
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:  # type: ignore[override]
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         value = YamlInt(super().construct_yaml_int(node))
         value.raw = node.value
         return value
@@ -76,7 +76,7 @@ class _Loader(yaml.SafeLoader):
     def construct_yaml_bool(self, node: yaml.ScalarNode) -> YamlBool:  # type: ignore[override]
         return YamlBool(super().construct_yaml_bool(node), node.value)
 
-    def construct_yaml_map(self, node: yaml.MappingNode) -> Any:  # type: ignore[override]
+    def construct_yaml_map(self, node: yaml.MappingNode) -> Any:
         data = YamlMap()
         data.line = node.start_mark.line + 1
         data.key_lines = {}
@@ -162,7 +162,8 @@ class _BudgetLoader(_Loader):
             self.depth -= 1
 
     def _line(self) -> int:
-        return self.peek_event().start_mark.line + 1
+        event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+        return int(event.start_mark.line) + 1
 
 
 def _expanded_size(root: yaml.Node, budget: YamlBudget) -> None:

@@ -17,8 +17,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rls.backends.pipelining import ScriptBatcher
 from rls.counters.model import Item, Result
+from rls.stores.pipelining import ScriptBatcher
 
 SCRIPT_FILE = "counters_window.lua"
 

@@ -99,6 +99,8 @@ async def store_deadline(
     start = loop.time()
     lost_at_start = lag.lost()
     result = StoreDeadline()
+    finished = False
+    handle: asyncio.TimerHandle | None = None
     async with asyncio.timeout(None) as timeout:
 
         def expire(reason: str) -> None:
@@ -128,10 +130,9 @@ async def store_deadline(
                 asyncio.ensure_future(probe()).add_done_callback(probed)
                 handle = loop.call_at(start + cap, check)
 
-        finished = False
         handle = loop.call_at(start + budget, check)
         try:
             yield result
         finally:
             finished = True
-            handle.cancel()
+            handle.cancel()  # the one scheduled last

@@ -69,13 +69,18 @@ def calendar_window(now_ms: int, unit: Unit, multiplier: int, timezone: str) -> 
 
 
 class CalendarCache:
-    """Bounds per calendar limit, recomputed only when `now` leaves the cached window."""
+    """Bounds per calendar limit, recomputed only when `now` leaves the cached window.
+
+    Keyed by the window's definition (unit, multiplier, zone), not by the Limit object: two
+    limits with the same calendar share bounds, and a limit of a reloaded config can never meet
+    an entry left by another object that happened to get the same id()."""
 
     def __init__(self) -> None:
-        self._bounds: dict[int, tuple[int, int, int]] = {}
+        self._bounds: dict[tuple[int, int, str], tuple[int, int, int]] = {}
 
     def bounds(self, limit: Limit, now_ms: int) -> tuple[int, int, int]:
-        cached = self._bounds.get(id(limit))
+        key = (int(limit.unit), limit.unit_multiplier, limit.timezone)
+        cached = self._bounds.get(key)
         if cached is not None and cached[0] <= now_ms < cached[1]:
             return cached
         start, end = calendar_window(now_ms, limit.unit, limit.unit_multiplier, limit.timezone)
@@ -83,5 +88,5 @@ class CalendarCache:
         result = (start, end, prev)
         if len(self._bounds) > 4096:
             self._bounds.clear()
-        self._bounds[id(limit)] = result
+        self._bounds[key] = result
         return result

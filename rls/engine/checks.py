@@ -9,9 +9,9 @@ from typing import Any
 
 from rls.config.matcher import match, needs_dynamic_stats, stats_key
 from rls.config.model import Domain, Limit
+from rls.core.keys import counter_key
+from rls.core.model import NEGATIVE, Check
 from rls.engine.decision import OVER_LIMIT, UNLIMITED_REMAINING, DescriptorIn, Status
-from rls.engine.keys import counter_key
-from rls.engine.model import NEGATIVE, Check
 from rls.memo import STR_OVERHEAD, TUPLE_OVERHEAD, entries_cost
 
 MEMO_MAX = 10_000  # match results kept per domain (rls.memo.MATCH_MEMO_ENTRIES)

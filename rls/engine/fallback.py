@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from rls.backends.memory import MemoryBackend
 from rls.config.model import Limit
+from rls.core.model import Check, Outcome
 from rls.engine.checks import merge_same_counter
-from rls.engine.model import Check, Outcome
 from rls.metrics import Metrics
+from rls.stores.memory import MemoryBackend
 
 
 class FallbackLimiter:

@@ -11,8 +11,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from rls.backends.base import Backend, BackendError, StoreDown
 from rls.config.model import UNIT_SECONDS, Domain, Limit, RateLimitConfig, Unit
+from rls.core.keys import counter_key
+from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
+from rls.core.usage import UsageOp, usage_ops
 from rls.engine.budget import OVERLOADED, LoopLag, store_deadline
 from rls.engine.calendar import CalendarCache
 from rls.engine.checks import match_cost, match_targets, merge_same_counter, passed_metadata
@@ -28,13 +30,12 @@ from rls.engine.decision import (
     Status,
 )
 from rls.engine.fallback import FallbackLimiter
-from rls.engine.keys import counter_key
 from rls.engine.local_cache import OverLimitCache
-from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.engine.top import NEAR, OVER, TopTalkers
-from rls.engine.usage import UsageOp, usage_ops
+from rls.logging_setup import LogGate
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.base import Backend, BackendError, StoreDown
 
 log = logging.getLogger("rls.limiter")
 
@@ -72,8 +73,7 @@ class RateLimiter:
         self._decide_now = getattr(backend, "decide_now", None)
         self._roundtrips = metrics.backend_calls.labels(backend.name)
         self._backend_errors = metrics.backend_errors.labels(backend.name, settings.failure_mode)
-        self._last_failure_log = 0.0
-        self._suppressed = 0
+        self._failure_log = LogGate(per_second=1)
         # In-process answers for keys known over limit (Redis only: memory needs no shortcut).
         self._over_cache = (
             OverLimitCache(metrics) if self._decide_now is None and settings.local_cache else None
@@ -391,17 +391,13 @@ class RateLimiter:
 
     def _log_failure(self, exc: Exception) -> None:
         """At most one line per second, so a dead store cannot fill the disk."""
-        now = time.monotonic()
-        self._suppressed += 1
-        if now - self._last_failure_log >= 1.0:
+        if self._failure_log.allow():
             log.warning(
                 "backend %s failed (%d call(s) since last report): %s",
                 self.backend.name,
-                self._suppressed,
+                self._failure_log.take_suppressed() + 1,
                 str(exc) or type(exc).__name__,
             )
-            self._last_failure_log = now
-            self._suppressed = 0
 
     def _report(self, checks: list[Check], outcomes: list[Outcome], statuses: list[Status]) -> int:
         """Fold check outcomes into per-descriptor statuses; return the overall code."""

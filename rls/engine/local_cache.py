@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
+from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.engine.decision import OVER_LIMIT, Status
-from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.metrics import Metrics
 
 MAX_KEYS = 100_000

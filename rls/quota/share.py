@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rls.backends.base import Backend
 from rls.config.model import Limit
+from rls.core.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check, Outcome
 from rls.engine.calendar import CalendarCache
-from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check, Outcome
+from rls.stores.base import Backend
 
 SUPPORTED_ALGORITHMS = frozenset({"fixed_window"})
 REPORT_CADENCE_S = 5.0  # Envoy 1.40 reports every 5 s whatever reporting_interval says

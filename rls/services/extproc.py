@@ -40,6 +40,7 @@ gateway-cache.yaml). When the stream ends with a cancel instead of a clean end, 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,12 +50,17 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import duration_pb2
+from prometheus_client import CollectorRegistry
 
 from rls.cache.cache import Fill, RequestKey, ResponseCache
-from rls.cache.config import CacheRule
+from rls.cache.config import CacheConfig, CacheRule, load_cache_config
 from rls.cache.entry import Entry, cache_control, never_store_reason, storable_headers, vary_names
 from rls.cache.keys import Headers, select_rule
+from rls.cache.metrics import CacheMetrics
+from rls.cache.store import create_store
 from rls.cache.writer import WriteJob
+
+log = logging.getLogger("rls.cache")
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 ATTRIBUTES = "envoy.filters.http.ext_proc"
@@ -210,7 +216,7 @@ class ExtProcService:
     def _hit(self, entry: Entry) -> pb.ProcessingResponse:
         reply = pb.ProcessingResponse()
         ir = reply.immediate_response
-        ir.status.code = entry.status  # type: ignore[assignment]
+        ir.status.code = entry.status
         seen: set[str] = set()
         for name, value in entry.headers:
             _set_header(ir.headers, name, value, _APPEND if name in seen else _OVERWRITE)
@@ -328,3 +334,29 @@ def _attributes(request: pb.ProcessingRequest) -> dict[str, Any]:
         elif which == "bool_value":
             out[name] = "true" if value.bool_value else "false"
     return out
+
+
+def build_cache(
+    cache_config_path: str,
+    store_url: str | None = None,
+    registry: CollectorRegistry | None = None,
+    *,
+    config: CacheConfig | None = None,
+) -> tuple[ExtProcService, ResponseCache]:
+    """Servicer and cache from a rules file (raises ConfigError) and a store URL.
+
+    The store is `store_url` if given, else the file's `store:`, else in-process memory (one
+    process only, an LRU within `memory_max_bytes`: fine for a demo, not for several replicas or
+    workers). Connecting is lazy:
+    a store that is down at start only means uncached requests until it answers.
+    """
+    if config is None:
+        config = load_cache_config(cache_config_path)
+    url = store_url or config.store
+    if not url:
+        log.warning("no cache store URL given: entries live in this process's memory only")
+    store = create_store(
+        url, timeout_ms=config.store_timeout_ms, memory_max_bytes=config.memory_max_bytes
+    )
+    cache = ResponseCache(config, store, CacheMetrics(registry))
+    return ExtProcService(cache), cache

@@ -27,6 +27,7 @@ import math
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
@@ -34,7 +35,6 @@ from envoy.type.v3 import ratelimit_strategy_pb2
 from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry
 
-from rls.backends.base import Backend, BackendError
 from rls.config.model import Domain, RateLimitConfig
 from rls.engine.checks import match_targets
 from rls.quota.match import order_bucket
@@ -49,6 +49,7 @@ from rls.quota.share import (
     initial_target,
 )
 from rls.settings import Settings
+from rls.stores.base import Backend, BackendError
 
 log = logging.getLogger("rls.quota")
 
@@ -289,7 +290,7 @@ class QuotaStream:
         self._evict(now)
         return response
 
-    async def _deal(self, jobs: list, dom: Domain | None, response: rlqs_pb2.RateLimitQuotaResponse) -> None:  # noqa: E501
+    async def _deal(self, jobs: list[Any], dom: Domain | None, response: rlqs_pb2.RateLimitQuotaResponse) -> None:  # noqa: E501
         """Run the buckets' store steps concurrently (pipelined on Redis), append answers."""
         if not jobs:
             return
@@ -333,7 +334,7 @@ class QuotaStream:
 
     def _failure_rule(self, dom: Domain | None) -> int:
         mode = (dom.failure_mode if dom is not None else None) or self.service.settings.failure_mode
-        return ALLOW_ALL if mode == "allow" else DENY_ALL
+        return int(ALLOW_ALL if mode == "allow" else DENY_ALL)
 
     def _count_rule(self, rule: int) -> None:
         self.metrics.assignments.labels("allow_all" if rule == ALLOW_ALL else "deny_all").inc()

@@ -20,6 +20,7 @@ from rls.engine.limiter import (
     Overloaded,
     RateLimiter,
 )
+from rls.logging_setup import LogGate
 from rls.memo import PARSE_MEMO_BYTES, PARSE_MEMO_ENTRIES, BoundedCache, entries_cost
 from rls.metrics import Metrics
 from rls.services.convert import to_descriptors, to_response
@@ -33,31 +34,6 @@ PARSE_MEMO_MAX = PARSE_MEMO_ENTRIES  # distinct request encodings remembered
 
 # (domain, descriptors, request hits_addend, the decoded request when at hand)
 Parsed = tuple[str, list[DescriptorIn], int, rls_pb2.RateLimitRequest | None]
-
-
-class LogGate:
-    """At most `per_second` lines per second; the rest are counted, so a flood of bad
-    requests cannot fill the disk (the metric still counts every one)."""
-
-    def __init__(self, per_second: int) -> None:
-        self.per_second = per_second
-        self._second = 0
-        self._used = 0
-        self._suppressed = 0
-
-    def allow(self) -> bool:
-        now = int(time.monotonic())
-        if now != self._second:
-            self._second, self._used = now, 0
-        if self._used < self.per_second:
-            self._used += 1
-            return True
-        self._suppressed += 1
-        return False
-
-    def take_suppressed(self) -> int:
-        count, self._suppressed = self._suppressed, 0
-        return count
 
 
 def _envoy_timeout(context: grpc.aio.ServicerContext) -> float | None:
@@ -145,7 +121,8 @@ class RateLimitService:
                 request = rls_pb2.RateLimitRequest.FromString(data)
             decorate(response, decision, request, self.settings)
         self.metrics.latency.observe(time.perf_counter() - started)
-        return response.SerializeToString()
+        answer: bytes = response.SerializeToString()
+        return answer
 
     async def _parse(self, data: bytes, context: grpc.aio.ServicerContext) -> Parsed:
         """Decode and validate; valid results are memoised by their bytes.

@@ -16,8 +16,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
-from rls.backends.redis import RedisBackend
-from rls.engine.model import Check, Verdict
+from rls.core.model import Check, Verdict
+from rls.stores.redis import RedisBackend
 
 ALGORITHMS = (
     "fixed_window",

@@ -35,10 +35,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
-from rls.backends.memory import MemoryBackend
-from rls.backends.redis import RedisBackend
 from rls.config.model import Limit, Unit
-from rls.engine.model import Check
+from rls.core.model import Check
+from rls.stores.memory import MemoryBackend
+from rls.stores.redis import RedisBackend
 
 from .models import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, ModelStore, make_model
 from .support import ALGORITHMS, ATTEMPTS, BASE_MS, BUCKETS, Guarded, WallClockStall

@@ -28,15 +28,15 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from rls.backends.memory import MemoryBackend
-from rls.backends.redis import RedisBackend
 from rls.config.loader import load_files
 from rls.config.model import Limit, Unit
+from rls.core.model import Check, Verdict
 from rls.engine.calendar import calendar_window
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
-from rls.engine.model import Check, Verdict
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.memory import MemoryBackend
+from rls.stores.redis import RedisBackend
 
 from .models import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW
 from .support import (

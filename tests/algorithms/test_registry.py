@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from importlib import resources
 
-from rls.backends.scripts import ALGORITHM_FILES, decide_script
 from rls.config import model as config_model
 from rls.config.errors import ConfigError
 from rls.config.loader import load_files
-from rls.engine.algorithms import ALGORITHMS, REGISTRY
-from rls.engine.algorithms.registry import ALGORITHM_NAMES, BURST_ALGORITHMS, KEY_TAGS
+from rls.core.algorithms import ALGORITHMS, REGISTRY
+from rls.core.algorithms.registry import ALGORITHM_NAMES, BURST_ALGORITHMS, KEY_TAGS
+from rls.stores.scripts import ALGORITHM_FILES, decide_script
 
 
 def test_ids_tags_and_names_are_unique():

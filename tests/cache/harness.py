@@ -31,10 +31,9 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from prometheus_client import CollectorRegistry
 
 from rls.admin.cache import add_cache_routes
-from rls.cache import build_cache
 from rls.cache.cache import ResponseCache
 from rls.demo import socket_addresses
-from rls.services.extproc import ExtProcService
+from rls.services.extproc import ExtProcService, build_cache
 
 T = TypeVar("T")
 request = http_request  # one HTTP helper for both e2e suites

@@ -214,7 +214,7 @@ async def test_memory_store_never_evicts_purge_versions() -> None:
 
 
 async def test_memory_budget_comes_from_the_rules_file() -> None:
-    from rls.cache import build_cache
+    from rls.services.extproc import build_cache
 
     text = "memory_max_bytes: 2MiB\nrules:\n- api: items\n"
     registry = CollectorRegistry()

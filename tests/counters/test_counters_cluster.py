@@ -7,9 +7,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from redis_topologies.servers import start_cluster
 
-from rls.backends import create_backend
 from rls.counters.model import CountersConfig, make_item
 from rls.counters.service import CountersService
+from rls.stores import create_backend
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rls.backends.urls import normalize_redis_url
 from rls.cache.config import load_cache_config
+from rls.stores.urls import normalize_redis_url
 
 from .helpers import ROOT
 

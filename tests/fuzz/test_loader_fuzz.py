@@ -25,7 +25,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rls.backends.memory import MemoryBackend
 from rls.config.errors import ConfigError
 from rls.config.loader import LoadBudget, load_paths
 from rls.config.model import RateLimitConfig
@@ -33,6 +32,7 @@ from rls.config.reload import ConfigHolder
 from rls.engine.limiter import OK, DescriptorIn, RateLimiter
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.memory import MemoryBackend
 
 from .test_config_fuzz import ANY, CONFIG, dump, spliced
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from rls.backends.memory import MemoryBackend
 from rls.config.errors import ConfigError
 from rls.config.loader import load_files
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.memory import MemoryBackend
 
 NOW = 1_699_999_200_000 + 34_500
 

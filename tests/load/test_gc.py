@@ -13,12 +13,12 @@ import gc
 
 from conftest import http_get
 
-from rls.backends.memory import MemoryBackend
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
 from rls.metrics import Metrics
 from rls.services.convert import to_response
 from rls.settings import Settings
+from rls.stores.memory import MemoryBackend
 
 CONFIG = """
 domain: g

@@ -25,13 +25,13 @@ from conftest import RedisServer, http_get, start_redis
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-from rls.backends.breaker import CLOSED, OPEN, CircuitBreaker
-from rls.backends.redis import RedisBackend
 from rls.config.loader import load_files
 from rls.engine.budget import LoopLag
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, Overloaded, RateLimiter
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.breaker import CLOSED, OPEN, CircuitBreaker
+from rls.stores.redis import RedisBackend
 
 CONFIG = """
 domain: d

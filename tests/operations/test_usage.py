@@ -1,4 +1,4 @@
-"""Usage statistics (README "Usage statistics", rls/engine/usage.py): calls per day per app and
+"""Usage statistics (README "Usage statistics", rls/core/usage.py): calls per day per app and
 per app+interface, distinct users per app; GET /usage and `rls usage`."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from rls.backends.memory import MemoryBackend
-from rls.backends.redis import RedisBackend
 from rls.config.loader import load_paths
+from rls.core.usage import calls_key, distinct_key
 from rls.engine.limiter import OK as LIMITER_OK
 from rls.engine.limiter import DescriptorIn, RateLimiter
-from rls.engine.usage import calls_key, distinct_key
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.memory import MemoryBackend
+from rls.stores.redis import RedisBackend
 
 from .conftest import SHARED_CONFIG
 from .helpers import OK, OVER, Grpc, cli, descriptor, http, query, uid

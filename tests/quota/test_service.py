@@ -7,8 +7,6 @@ import asyncio
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from prometheus_client import CollectorRegistry
 
-from rls.backends.base import BackendError
-from rls.backends.memory import MemoryBackend
 from rls.config.loader import load_files
 from rls.services.quota import (
     ALLOW_ALL,
@@ -19,6 +17,8 @@ from rls.services.quota import (
     QuotaStream,
 )
 from rls.settings import Settings
+from rls.stores.base import BackendError
+from rls.stores.memory import MemoryBackend
 
 CONFIG = """
 domain: q

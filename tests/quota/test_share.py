@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from rls.backends.memory import MemoryBackend
 from rls.config.model import Limit, Unit
+from rls.core.model import Check
 from rls.engine.checks import match_targets
-from rls.engine.model import Check
 from rls.quota.share import Dealer, Ledger, paced
+from rls.stores.memory import MemoryBackend
 
 T0 = 1_800_000.0  # seconds; a multiple of 60, so 5 s and minute windows start here
 

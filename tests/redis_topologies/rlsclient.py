@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rls.config.loader import load_files
 from rls.config.matcher import match
-from rls.engine.keys import counter_key
+from rls.core.keys import counter_key
 
 OK = rls_pb2.RateLimitResponse.OK
 OVER = rls_pb2.RateLimitResponse.OVER_LIMIT

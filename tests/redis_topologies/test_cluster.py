@@ -21,12 +21,12 @@ import grpc
 import pytest
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-import rls.backends.redis as redis_backend
-from rls.backends.redis import RedisBackend
+import rls.stores.redis as redis_backend
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.redis import RedisBackend
 
 from .rlsclient import (
     OK,

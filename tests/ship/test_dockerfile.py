@@ -32,10 +32,10 @@ from pathlib import Path
 import pytest
 
 from rls.admin.app import AdminState, create_app
-from rls.backends.scripts import ALGORITHM_FILES
 from rls.cli import _parser, _settings_from, check_config
 from rls.server import build_app, split_addr
 from rls.settings import Settings
+from rls.stores.scripts import ALGORITHM_FILES
 
 from .helpers import ROOT
 

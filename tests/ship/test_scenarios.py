@@ -27,12 +27,12 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
-from rls.backends.memory import MemoryBackend
-from rls.backends.redis import RedisBackend
 from rls.config.loader import load_paths
 from rls.engine.limiter import OK, OVER_LIMIT, Decision, DescriptorIn, RateLimiter
 from rls.metrics import Metrics
 from rls.settings import Settings
+from rls.stores.memory import MemoryBackend
+from rls.stores.redis import RedisBackend
 
 from .helpers import OK as GRPC_OK
 from .helpers import (
@@ -539,7 +539,7 @@ async def test_usage_counts_the_first_call_after_a_script_flush_once(redis_serve
         for _ in range(2):
             await decide(lim, "open_platform", D((("app", "42"), ("ip", "10.0.0.1"))), now_ms=now)
         day = datetime.fromtimestamp(now / 1000, SHANGHAI).strftime("%Y%m%d")
-        from rls.engine.usage import calls_key
+        from rls.core.usage import calls_key
 
         key = calls_key(Settings().key_prefix, "open_platform", day, [("app", "42")])
         assert await backend.usage_value("c", key) == 2

@@ -40,16 +40,16 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rls.backends.base import BackendError, StoreDown
-from rls.backends.breaker import CircuitBreaker
-from rls.backends.pipelining import ScriptBatcher
-from rls.backends.scripts import CHECK, LEAN_CHECK, decide_script, lean_script
-from rls.backends.scripts import lean_verdict as _lean_verdict
-from rls.backends.scripts import verdict as _verdict
-from rls.engine.admission import admit
-from rls.engine.algorithms import ALGORITHM_IDS, REGISTRY
-from rls.engine.model import Check, Outcome, Verdict
-from rls.engine.usage import UsageOp
+from rls.core.admission import admit
+from rls.core.algorithms import ALGORITHM_IDS, REGISTRY
+from rls.core.model import Check, Outcome, Verdict
+from rls.core.usage import UsageOp
+from rls.stores.base import BackendError, StoreDown
+from rls.stores.breaker import CircuitBreaker
+from rls.stores.pipelining import ScriptBatcher
+from rls.stores.scripts import CHECK, LEAN_CHECK, decide_script, lean_script
+from rls.stores.scripts import lean_verdict as _lean_verdict
+from rls.stores.scripts import verdict as _verdict
 
 
 def _queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
@@ -102,10 +102,27 @@ def _tls_options(secure: bool, query: dict[str, str]) -> dict[str, Any]:
 
 
 def connect(
-    url: str, timeout_s: float, connect_timeout_s: float, pool_size: int, sync: bool = False
+    url: str,
+    timeout_s: float,
+    connect_timeout_s: float,
+    pool_size: int,
+    sync: bool = False,
+    pool_timeout_s: float | None = None,
+    retry: Any = None,
 ) -> Any:
     """A redis-py client for any supported URL scheme: asyncio, or blocking with `sync` (the
-    health probe's own connection, used from a thread)."""
+    health probe's own connection, used from a thread). The one connector of rls: counters,
+    the response cache and the counters service all connect through it, so each gets
+    standalone, TLS, Sentinel and Cluster alike.
+
+    `pool_timeout_s`: how long a call waits for a free pooled connection (default: the larger
+    of 1 s and the socket timeout); `retry`: redis-py Retry for connection errors (standalone
+    and Sentinel; Cluster has its own retries)."""
+    ns_redis: Any
+    ns_pool: Any
+    ns_sentinel: Any
+    ns_cluster: Any
+    ns_node: Any
     if sync:
         ns_redis, ns_pool = redis.Redis, redis.BlockingConnectionPool
         ns_sentinel, ns_cluster, ns_node = (
@@ -120,7 +137,7 @@ def connect(
     }
     parts = urlsplit(url)
     scheme = parts.scheme
-    auth = {
+    auth: dict[str, Any] = {
         "username": unquote(parts.username) if parts.username else None,
         "password": unquote(parts.password) if parts.password else None,
     }
@@ -133,8 +150,9 @@ def connect(
         pool = ns_pool.from_url(
             url,
             max_connections=pool_size,
-            timeout=max(1.0, timeout_s),
+            timeout=pool_timeout_s if pool_timeout_s is not None else max(1.0, timeout_s),
             retry_on_timeout=False,
+            **({"retry": retry} if retry is not None else {}),
             **common,
         )
         return ns_redis(connection_pool=pool)
@@ -151,7 +169,8 @@ def connect(
             **tls,
         )
         return sentinel.master_for(
-            service, db=db, max_connections=pool_size, **auth, **common, **tls
+            service, db=db, max_connections=pool_size,
+            **({"retry": retry} if retry is not None else {}), **auth, **common, **tls
         )
     if scheme in ("redis+cluster", "rediss+cluster"):
         # RedisCluster takes no retry_on_timeout; its own retries are turned off instead.
@@ -198,7 +217,7 @@ class RedisBackend:
         self.client: Any = connect(url, socket_timeout, connect_timeout_ms / 1000, pool_size)
         self.cluster = isinstance(self.client, RedisCluster)
         # The lean fixed-window script, and one script per mix of algorithms built on first use
-        # (at most 2^len(REGISTRY), keyed by a bit per algorithm): rls/backends/scripts.py.
+        # (at most 2^len(REGISTRY), keyed by a bit per algorithm): rls/stores/scripts.py.
         self._lean = self.client.register_script(lean_script())
         self._mixes: dict[int, Any] = {}
         self._bits = {spec.name: 1 << spec.id for spec in REGISTRY}

@@ -4,7 +4,7 @@ An entry names the algorithm as written in YAML (`algorithm:`), its numeric id i
 script's parameters, the Lua file in `lua/` that defines its Redis twin (`lua/<name>.lua`) with
 the Lua libraries that file uses, and the memory implementation (this package). The config
 parser takes its list of accepted names from here, the memory store its implementations, and
-rls/backends/scripts.py the Lua to load: adding an algorithm means one module here, one Lua
+rls/stores/scripts.py the Lua to load: adding an algorithm means one module here, one Lua
 file and one entry below.
 
 Kept free of rls imports beyond this package so that the config parser can read it.
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rls.engine.algorithms.base import Algorithm
-from rls.engine.algorithms.buckets import Gcra, LeakyBucket, TokenBucket
-from rls.engine.algorithms.fixed_window import FixedWindow
-from rls.engine.algorithms.log import Concurrency, SlidingLog
-from rls.engine.algorithms.sliding_window import SlidingWindow
+from rls.core.algorithms.base import Algorithm
+from rls.core.algorithms.buckets import Gcra, LeakyBucket, TokenBucket
+from rls.core.algorithms.fixed_window import FixedWindow
+from rls.core.algorithms.log import Concurrency, SlidingLog
+from rls.core.algorithms.sliding_window import SlidingWindow
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW
+from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW
 
 
 def admit(flags: Sequence[int], oks: Sequence[bool]) -> tuple[bool, list[bool]]:

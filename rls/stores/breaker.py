@@ -110,7 +110,7 @@ class CircuitBreaker:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (sync tests): nothing to probe with
             return
-        task = loop.create_task(coro)  # type: ignore[arg-type]
+        task: asyncio.Task[None] = loop.create_task(coro)  # type: ignore[arg-type]
         self._task = task
         task.add_done_callback(self._done)
 

@@ -8,7 +8,7 @@ paid for all of them on every call. Scripts are instead built per request shape:
   use, so a request mixing algorithms is still one EVALSHA and atomic.
 Each script starts with a prelude generated from the Python constants (flag bits, GRACE_MS),
 and each algorithm file (`lua/<name>.lua`, ending in `return {evaluate, charge, release}`)
-is registered under its id from rls/engine/algorithms/registry.py. There are at most
+is registered under its id from rls/core/algorithms/registry.py. There are at most
 2^len(REGISTRY) mixes, so the caches below are bounded by construction.
 
 Scripts rather than Redis Functions: EVALSHA works on every Redis the service supports (Redis
@@ -25,9 +25,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from rls.engine.algorithms.base import GRACE_MS
-from rls.engine.algorithms.registry import BY_NAME, REGISTRY
-from rls.engine.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome, Verdict
+from rls.core.algorithms.base import GRACE_MS
+from rls.core.algorithms.registry import BY_NAME, REGISTRY
+from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome, Verdict
 
 LEAN_FILE = "decide_fixed_window.lua"
 DECIDE_FILE = "decide.lua"

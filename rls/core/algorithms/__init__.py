@@ -3,13 +3,13 @@
 Both implementations expose the same steps, so a request with several limits is decided
 atomically: `evaluate` (is there room, what would remain) for every check, then `charge` or
 `release` for the checks the admission rule selects. The list of algorithms is
-rls/engine/algorithms/registry.py.
+rls/core/algorithms/registry.py.
 """
 
 from __future__ import annotations
 
-from rls.engine.algorithms.base import Algorithm
-from rls.engine.algorithms.registry import (
+from rls.core.algorithms.base import Algorithm
+from rls.core.algorithms.registry import (
     ALGORITHM_IDS,
     ALGORITHM_NAMES,
     ALGORITHMS,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from rls.engine.model import Check, Verdict
-from rls.engine.usage import UsageOp
+from rls.core.model import Check, Verdict
+from rls.core.usage import UsageOp
 
 
 class BackendError(Exception):
@@ -21,7 +21,13 @@ class StoreDown(BackendError):
 class Backend(Protocol):
     name: str
 
-    async def decide(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
+    async def decide(
+        self,
+        checks: Sequence[Check],
+        now_ms: int | None = None,
+        usage: Sequence[UsageOp] = (),
+        usage_ttl_ms: int = 0,
+    ) -> Verdict:
         """Evaluate every check, charge per the admission rule, all atomically.
 
         Each (key, flags) appears at most once: the limiter folds checks that share a counter

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from rls.engine.keys import counter_key
+from rls.core.keys import counter_key
 
 # (kind, key, member): kind "c" adds 1 to a daily counter, "h" adds member to a daily set.
 UsageOp = tuple[str, str, str]

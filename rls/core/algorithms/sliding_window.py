@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from rls.engine.algorithms.base import GRACE_MS, Evaluation
+from rls.core.algorithms.base import GRACE_MS, Evaluation
 
 if TYPE_CHECKING:  # only for hints: the config parser imports this package
-    from rls.engine.model import Check
+    from rls.core.model import Check
 
 State = tuple[int, int, int] | None
 

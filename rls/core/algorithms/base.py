@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # only for hints: the config parser imports this package
-    from rls.engine.model import Check
+    from rls.core.model import Check
 
 # (ok, remaining if charged, remaining if not, reset ms, used before this request)
 Evaluation = tuple[bool, int, int, int, int]

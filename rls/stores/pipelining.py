@@ -3,7 +3,7 @@
 While a call is on the wire, further calls queue and the flush runs on the next event-loop
 turn, so every decision that became ready meanwhile goes out in one write and comes back in one
 read. A call with nothing else in flight goes out directly (no future, task or pipeline).
-Calls may use different scripts (one per algorithm mix, rls/backends/scripts.py). NOSCRIPT
+Calls may use different scripts (one per algorithm mix, rls/stores/scripts.py). NOSCRIPT
 answers (Redis restarted, failed over or flushed its scripts) load each missing script once and
 resend only those calls. A caller whose deadline passed simply finds its future cancelled; the
 batch is unaffected.

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from rls.engine.admission import admit
-from rls.engine.algorithms import ALGORITHMS
-from rls.engine.model import NEGATIVE, Check, Outcome, Verdict
-from rls.engine.usage import UsageOp
+from rls.core.admission import admit
+from rls.core.algorithms import ALGORITHMS
+from rls.core.model import NEGATIVE, Check, Outcome, Verdict
+from rls.core.usage import UsageOp
 
 
 class MemoryBackend:
@@ -45,6 +45,9 @@ class MemoryBackend:
 
     async def healthy(self) -> bool:
         return True
+
+    def suspect(self) -> None:
+        """In-process: nothing to probe."""
 
     async def decide(
         self,

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from rls.engine.algorithms.base import GRACE_MS, Evaluation, burst_of
+from rls.core.algorithms.base import GRACE_MS, Evaluation, burst_of
 
 if TYPE_CHECKING:  # only for hints: the config parser imports this package
-    from rls.engine.model import Check
+    from rls.core.model import Check
 
 Bucket = tuple[float, int] | None  # (tokens or level, last update ms)
 

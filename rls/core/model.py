@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rls.config.model import Limit
+from rls.core.limits import Limit
 
 # Check flags, shared with lua/decide.lua (keep the numbers in sync).
 SHADOW = 1
