@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from support.processes import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,13 +73,7 @@ class RedisServer:
         return redis.Redis(port=self.port)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 5)
 
 
 def start_redis(*extra: str, port: int | None = None) -> RedisServer:
@@ -128,13 +123,7 @@ class RlsProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
         return self.proc.returncode
 
 

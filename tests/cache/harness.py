@@ -29,6 +29,7 @@ from e2e.harness import Response as Response  # re-exported for the cache tests
 from e2e.harness import http_request as http_request  # re-exported
 from envoy.service.ratelimit.v3 import rls_pb2
 from prometheus_client import CollectorRegistry
+from support.processes import stop_process
 
 from rls.admin.cache import add_cache_routes
 from rls.cache.cache import ResponseCache
@@ -243,13 +244,7 @@ class Envoy:
         return out
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
 
 
 def start_envoy(binary: str, config: dict[str, Any], workdir: Path, port: int,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import redis
 from conftest import ROOT, RedisServer, free_port, start_redis, wait_until
+from support.processes import stop_process
 
 BUILD_SCRIPT = ROOT.parent / "shared" / "tools" / "build-ssdb.sh"
 SSDB_SAFE = {"get", "setx", "expire"}  # what rls may send in ssdb:// mode (SETEX arrives as setx)
@@ -71,12 +72,7 @@ class StoreProcess(ABC):
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.thaw()
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
 
 
 class RedisStore(StoreProcess):

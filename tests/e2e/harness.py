@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support.processes import stop_process
 
 from rls.demo import socket_addresses
 
@@ -341,13 +342,7 @@ class Envoy:
         return http_request(self.listener_port, method, path, **kwargs)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
         return self.proc.returncode
 
 

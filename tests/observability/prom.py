@@ -24,6 +24,7 @@ from conftest import free_port, wait_until
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from support.processes import stop_process
 
 from rls.cache.config import API_ATTRIBUTE
 from rls.services.extproc import ATTRIBUTES
@@ -74,13 +75,7 @@ class Prometheus:
         return data["result"]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
 
 
 def start_prometheus(binary: str, workdir: Path, targets: list[str],

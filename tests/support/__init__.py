@@ -1,0 +1,1 @@
+"""Test harness pieces shared by every suite (import as `from support.<module> import …`)."""
