@@ -26,10 +26,12 @@ def test_every_algorithm_has_its_lua_file_and_a_memory_implementation():
         assert f"ALGOS[{spec.id}] = (function()" in decide_script([spec.name])
 
 
-def test_config_lists_agree_with_the_registry():
-    # config.model still keeps its own copies (names, key tags); they must not drift.
-    assert tuple(config_model.ALGORITHMS) == ALGORITHM_NAMES
-    assert config_model._ALGO_TAG == KEY_TAGS
+def test_config_takes_names_and_key_tags_from_the_registry():
+    assert config_model.ALGORITHMS is ALGORITHM_NAMES  # one list, not a copy
+    for spec in REGISTRY:
+        limit = config_model.Limit(requests_per_unit=1, unit=config_model.Unit.MINUTE,
+                                   algorithm=spec.name)
+        assert limit.ident.startswith(KEY_TAGS[spec.name])
     assert set(BURST_ALGORITHMS) == {"token_bucket", "leaky_bucket", "gcra"}
 
 

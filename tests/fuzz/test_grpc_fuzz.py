@@ -33,6 +33,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
+from rls.core.limits import MAX_WINDOW_SECONDS, UNIT_SECONDS, Unit
+
 from .wire import (
     METHOD,
     Outcome,
@@ -242,10 +244,13 @@ def structured(draw: st.DrawFn) -> Case:
             problems.append(f"descriptor {i}: hits {hits}")
         override = draw(OVERRIDE)
         if override is not None:
+            multiplier = override[2] or 1
             if override[1] == 0:
                 problems.append(f"descriptor {i}: override without unit")
             elif not 1 <= override[1] <= 7:
                 unsure = True  # rejected by the limiter only when the domain is configured
+            elif UNIT_SECONDS[Unit(override[1])] * multiplier > MAX_WINDOW_SECONDS:
+                problems.append(f"descriptor {i}: override window longer than 100 years")
         descs.append(descriptor(pairs, hits, draw(st.booleans()), override))
     descs += [descriptor([(b"k", b"v")])] * (count - len(descs))
     # The guard rides along in every request but the one with no descriptors at all (so
