@@ -66,11 +66,11 @@ USERS = [f"user{i}" for i in range(1000)]
 
 
 async def make_rls(url: str, algorithm: str) -> Impl:
-    from rls.stores.redis import RedisBackend
     from rls.config.loader import load_files
     from rls.engine.limiter import OK, DescriptorIn, RateLimiter
     from rls.metrics import Metrics
     from rls.settings import Settings
+    from rls.stores.redis import RedisBackend
 
     domain = f"engine_{algorithm}"
     text = (f"domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: "

@@ -62,7 +62,11 @@ from _common import (
 
 
 def _load_harness() -> Any:
-    """tests/e2e/harness.py, the end-to-end tests' Envoy plumbing, loaded by path."""
+    """tests/e2e/harness.py, the end-to-end tests' Envoy plumbing, loaded by path (with tests/
+    on the path for the shared `support` helpers it imports)."""
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
     spec = importlib.util.spec_from_file_location(
         "rls_e2e_harness", ROOT / "tests" / "e2e" / "harness.py")
     assert spec is not None and spec.loader is not None

@@ -86,11 +86,11 @@ def breakdown(inside: dict[str, float]) -> str:
 
 
 async def rls_costs(url: str, client: Any, algorithm: str, n: int) -> list[dict[str, Any]]:
-    from rls.stores.redis import RedisBackend
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
     from rls.metrics import Metrics
     from rls.settings import Settings
+    from rls.stores.redis import RedisBackend
 
     rows = []
     cases = [("allowed", HIGH, "minute", True), ("over limit", 1, "hour", True)]
@@ -141,11 +141,11 @@ async def rls_costs(url: str, client: Any, algorithm: str, n: int) -> list[dict[
 
 
 async def rls_bytes(url: str, client: Any, algorithm: str) -> dict[str, Any]:
-    from rls.stores.redis import RedisBackend
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
     from rls.metrics import Metrics
     from rls.settings import Settings
+    from rls.stores.redis import RedisBackend
 
     config = load_files([("c.yaml", config_text(DOMAIN, algorithm, HIGH, "minute"))])
     backend = RedisBackend(url, timeout_ms=5000)
@@ -175,11 +175,11 @@ async def log_scaling(url: str, client: Any, algorithm: str, sizes: tuple[int, .
     The log is filled directly with ZADD (members `<seq>:1`, scored now) so that large logs
     are quick to build; then `n` decisions are timed with commandstats.
     """
-    from rls.stores.redis import RedisBackend
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
     from rls.metrics import Metrics
     from rls.settings import Settings
+    from rls.stores.redis import RedisBackend
 
     config = load_files([("c.yaml", config_text(DOMAIN, algorithm, HIGH, "minute"))])
     backend = RedisBackend(url, timeout_ms=30_000)
@@ -282,11 +282,11 @@ async def target_costs(url: str, client: Any, n: int, rounds: int) -> list[dict[
     measured in the same rounds."""
     import redis.asyncio as aioredis
 
-    from rls.stores.redis import RedisBackend
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
     from rls.metrics import Metrics
     from rls.settings import Settings
+    from rls.stores.redis import RedisBackend
 
     plain = aioredis.Redis.from_url(url)
     rows = []
