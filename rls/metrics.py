@@ -227,16 +227,15 @@ class Metrics:
         return generate_latest(self.registry)
 
     def limit_stats(self, limit: Limit, key: str | None = None) -> Pending:
+        """The buffered counters of one stats key (the limit's config path by default).
+
+        Kept here by key, not on the Limit: config objects carry no runtime state, and a
+        reloaded config with the same paths reuses the same buffers (no growth per reload)."""
         if key is None:
-            cached = limit.stats
-            if cached is not None and cached[0] is self:
-                found_pending: Pending = cached[1]
-                return found_pending
             key = limit.full_key
-        else:
-            found = self._dynamic.get(key)
-            if found is not None:
-                return found
+        found = self._dynamic.get(key)
+        if found is not None:
+            return found
         pending = self._buffer(
             (
                 self.total_hits.labels(key),
@@ -246,10 +245,7 @@ class Metrics:
                 self.shadow.labels(key),
             )
         )
-        if key == limit.full_key:
-            limit.stats = (self, pending)  # per Metrics instance (tests build several)
-        else:
-            self._dynamic[key] = pending
+        self._dynamic[key] = pending
         return pending
 
     def record_limit(

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rls.core.limits import ALGORITHMS, MAX_WINDOW_SECONDS, UNIT_SECONDS, Limit, Unit
-from rls.memo import MATCH_MEMO_BYTES, MATCH_MEMO_ENTRIES, BoundedCache
 
 __all__ = [
     "ALGORITHMS",
@@ -59,10 +58,6 @@ class Domain:
     files: list[str] = field(default_factory=list)
     failure_mode: str | None = None  # allow | deny when the backend fails; None = global
     usage: Any = None  # rls.core.usage.UsageConfig when usage_stats is configured
-    # Match results by request entries, filled by the limiter; a reload builds new Domains,
-    # so the memo never outlives the config it was computed from. Bounded in bytes (rls.memo).
-    memo: BoundedCache = field(default_factory=lambda: BoundedCache(
-        "match", MATCH_MEMO_ENTRIES, MATCH_MEMO_BYTES))
 
 
 @dataclass(slots=True, eq=False)

@@ -8,6 +8,7 @@ are validated here too.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from typing import Any
@@ -405,9 +406,10 @@ BURST_ALGORITHMS = ("token_bucket", "leaky_bucket", "gcra")
 
 def distinct_metric_keys(limits: list[Limit], path: str) -> None:
     """Several limits on one node (`rate_limits:`) must not share one metric series: each gets
-    `path.<name>`, or `path.<N><unit>[_<algorithm>]` (`d.user.1second`, `d.user.1day`)."""
+    `path.<name>`, or `path.<N><unit>[_<algorithm>]` (`d.user.1second`, `d.user.1day`).
+    Limits are frozen: the list's items are replaced."""
     seen: set[str] = set()
-    for lim in limits:
+    for i, lim in enumerate(limits):
         suffix = lim.name or f"{lim.unit_multiplier}{lim.unit.name.lower()}"
         if not lim.name and lim.algorithm != "fixed_window":
             suffix += f"_{lim.algorithm}"
@@ -416,7 +418,7 @@ def distinct_metric_keys(limits: list[Limit], path: str) -> None:
         if suffix in seen:
             suffix += f"_{lim.index}"
         seen.add(suffix)
-        lim.full_key = f"{path}.{suffix}"
+        limits[i] = dataclasses.replace(lim, full_key=f"{path}.{suffix}")
 
 
 # Patterns of every config ever loaded pass through here: bounded (rls.memo), LRU.

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
 
 from rls.core.algorithms.registry import ALGORITHM_NAMES, KEY_TAGS
 
@@ -44,7 +43,7 @@ MAX_WINDOW_SECONDS = 100 * 365 * 86400
 ALGORITHMS: tuple[str, ...] = ALGORITHM_NAMES  # YAML names, from the registry
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, frozen=True)
 class Limit:
     """One rate limit as configured on a descriptor node (or built from a request override).
 
@@ -75,26 +74,25 @@ class Limit:
     index: int = 0
     ident: str = ""
     window_ms: int = 0
-    # Per-limit metric children, attached lazily by rls.metrics (kept here to avoid lookups).
-    stats: Any = None
-    # "limit,window ms,burst,overdraft": this limit's part of the Redis script parameters.
-    script_params: str = ""
 
     def __post_init__(self) -> None:
+        # Frozen: the derived fields are set once here (object.__setattr__), never after.
+        # Runtime state (metric handles, memos) lives with its owner, not on the config.
+        derived = object.__setattr__
         if self.accept_releases is None:
-            self.accept_releases = self.algorithm == "concurrency"
+            derived(self, "accept_releases", self.algorithm == "concurrency")
         if self.unit in UNIT_SECONDS:
-            self.window_ms = UNIT_SECONDS[self.unit] * 1000 * max(1, self.unit_multiplier)
-        burst = self.burst if self.burst is not None else self.requests_per_unit
-        self.script_params = (
-            f"{self.requests_per_unit},{self.window_ms},{burst},{self.overdraft}"
-        )
+            derived(
+                self, "window_ms",
+                UNIT_SECONDS[self.unit] * 1000 * max(1, self.unit_multiplier),
+            )
         if not self.ident:
-            self.ident = f"{KEY_TAGS[self.algorithm]}{self.window_ms // 1000}"
+            ident = f"{KEY_TAGS[self.algorithm]}{self.window_ms // 1000}"
             if self.calendar:
-                self.ident += f"c{self.timezone}"
+                ident += f"c{self.timezone}"
             if self.index:
-                self.ident += f"i{self.index}"
+                ident += f"i{self.index}"
+            derived(self, "ident", ident)
 
     @property
     def window_seconds(self) -> int:

@@ -12,7 +12,7 @@ from rls.config.model import Domain, Limit
 from rls.core.keys import counter_key
 from rls.core.model import NEGATIVE, Check
 from rls.engine.decision import OVER_LIMIT, UNLIMITED_REMAINING, DescriptorIn, Status
-from rls.memo import STR_OVERHEAD, TUPLE_OVERHEAD, entries_cost
+from rls.memo import STR_OVERHEAD, TUPLE_OVERHEAD, BoundedCache, entries_cost
 
 MEMO_MAX = 10_000  # match results kept per domain (rls.memo.MATCH_MEMO_ENTRIES)
 
@@ -50,14 +50,15 @@ def match_cost(
 
 
 def passed_metadata(
-    dom: Domain, descriptors: Sequence[DescriptorIn], statuses: list[Status]
+    memo: BoundedCache, descriptors: Sequence[DescriptorIn], statuses: list[Status]
 ) -> list[dict[str, Any]]:
-    """Config metadata of descriptors that passed and are limited (not unlimited), in order."""
+    """Config metadata of descriptors that passed and are limited (not unlimited), in order
+    (from the match memo the decision just filled)."""
     out = []
     for desc, status in zip(descriptors, statuses, strict=True):
         if status.code == OVER_LIMIT or status.remaining == UNLIMITED_REMAINING:
             continue
-        targets = dom.memo.get(desc.entries)
+        targets = memo.get(desc.entries)
         if targets and targets[0][3]:
             out.append(targets[0][3])
     return out

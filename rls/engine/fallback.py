@@ -46,7 +46,6 @@ class FallbackLimiter:
                 requests_per_unit=math.ceil(limit.requests_per_unit * share),
                 burst=None if limit.burst is None else math.ceil(limit.burst * share),
                 overdraft=math.ceil(limit.overdraft * share),
-                stats=None,
             )
             if len(self._scaled) > 4096:
                 self._scaled.clear()

@@ -33,6 +33,7 @@ from rls.engine.fallback import FallbackLimiter
 from rls.engine.local_cache import OverLimitCache
 from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.logging_setup import LogGate
+from rls.memo import MATCH_MEMO_BYTES, MATCH_MEMO_ENTRIES, BoundedCache
 from rls.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.base import Backend, BackendError, StoreDown
@@ -79,6 +80,8 @@ class RateLimiter:
             OverLimitCache(metrics) if self._decide_now is None and settings.local_cache else None
         )
         self._fallback = FallbackLimiter(settings.fallback_share, metrics)
+        self._memo_config: RateLimitConfig | None = None
+        self._memos: dict[str, BoundedCache] = {}
         self.top = TopTalkers()  # who is over / near their limits (admin /top, `rls top`)
         self._near_ratio = settings.near_limit_ratio
 
@@ -103,7 +106,8 @@ class RateLimiter:
             return Decision(OK, statuses)
 
         settings = self.settings
-        checks = self._checks(dom, domain, descriptors, request_hits, now_ms, statuses)
+        memo = self._memo(config, domain)
+        checks = self._checks(dom, domain, descriptors, request_hits, now_ms, statuses, memo)
         usage: list[UsageOp] = []
         if dom.usage is not None:
             clock_ms = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -147,7 +151,7 @@ class RateLimiter:
         self.metrics.count_request(domain, _CODE[overall])
         decision = Decision(overall, statuses)
         if settings.dynamic_metadata:
-            decision.metadata = passed_metadata(dom, descriptors, statuses)
+            decision.metadata = passed_metadata(memo, descriptors, statuses)
         return decision
 
     def _checks(
@@ -158,6 +162,7 @@ class RateLimiter:
         request_hits: int,
         now_ms: int | None,
         statuses: list[Status],
+        memo: BoundedCache,
     ) -> list[Check]:
         """Match every descriptor and turn each applicable limit into a Check.
 
@@ -167,7 +172,6 @@ class RateLimiter:
         default_hits = request_hits if request_hits > 0 else 1
         matched: list[tuple[int, Limit, str, str | None, int, bool]] = []
         replaced: set[str] = set()
-        memo = dom.memo
         prefix = settings.key_prefix
         for i, desc in enumerate(descriptors):
             hits = default_hits if desc.hits is None else desc.hits
@@ -211,6 +215,21 @@ class RateLimiter:
             checks.append(Check(i, limit, key, hits, flags, dyn, bounds))
 
         return checks
+
+    def _memo(self, config: RateLimitConfig, domain: str) -> BoundedCache:
+        """This config's match memo of `domain` (entries -> matched limits and counter keys).
+
+        Runtime state kept here, not on the config: a new config object starts new memos, so a
+        memo never serves results computed from another config."""
+        if config is not self._memo_config:
+            self._memo_config = config
+            self._memos = {}
+        memo = self._memos.get(domain)
+        if memo is None:
+            memo = self._memos[domain] = BoundedCache(
+                "match", MATCH_MEMO_ENTRIES, MATCH_MEMO_BYTES
+            )
+        return memo
 
     def _record_top(
         self,
@@ -297,7 +316,9 @@ class RateLimiter:
         if dom is None:
             return result
         statuses = [Status() for _ in descriptors]
-        checks = self._checks(dom, domain, descriptors, 0, now_ms, statuses)
+        checks = self._checks(
+            dom, domain, descriptors, 0, now_ms, statuses, self._memo(config, domain)
+        )
         for check in checks:
             check.hits = 0
             check.flags &= SHADOW | QUOTA
