@@ -543,8 +543,22 @@ def quota_smoke(demo: Demo) -> list[str]:
     if left < 10:  # keep the per-minute story inside one window
         time.sleep(left + 0.1)
     client = f"smoke-{random.randint(0, 10**9)}"
-    statuses = []
-    for i in range(QUOTA_LIMIT + 5):
+
+    def assignments() -> float:
+        text = request(demo.http, "GET", "/metrics").body.decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("rls_quota_assignments_total{"))
+
+    # The first request creates the client's bucket; Envoy reports it at once and rls answers
+    # with an assignment. Wait for that answer (bounded) before sending the rest, so that a
+    # slow machine does not turn the story into "everything passed before the answer came".
+    sent = assignments()
+    r = request(demo.listener, "GET", "/items?smoke=0", {"x-client-id": client})
+    statuses = [r.status]
+    deadline = time.monotonic() + 10
+    while assignments() <= sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for i in range(1, QUOTA_LIMIT + 5):
         r = request(demo.listener, "GET", f"/items?smoke={i}", {"x-client-id": client})
         statuses.append(r.status)
     admitted = statuses.count(200)
