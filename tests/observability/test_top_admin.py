@@ -78,6 +78,10 @@ def test_top_sums_over_workers_with_redis(rls_factory, tmp_path: Path):
     try:
         rls = rls_factory(write_config(tmp_path),
                           args=("--workers", "2", "--redis-url", redis.url))
+        # Both workers listening before the workload: SO_REUSEPORT can only spread
+        # connections over the workers already bound to the port.
+        wait_until(lambda: rls.log().count("rls serving gRPC") >= 2, timeout=30,
+                   what="both workers serving")
         run_workload(rls.grpc_addr, fresh_channels=True)
         seen: dict[str, object] = {}
 
