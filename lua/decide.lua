@@ -12,16 +12,7 @@
 --   algorithm id, flags, hits, limit, window ms, burst, overdraft, calendar window start, end,
 --   previous start (0 0 0 for epoch windows).
 -- Returns {admitted, then per check: ok, charged, remaining, reset ms, used}.
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local mode = ARGV[2]
-local params = ARGV[3]
+-- now, mode and params: lua/request.lua (read once, shared by every decide script).
 local unpack = struct.unpack
 local pos = 1
 local n = #KEYS

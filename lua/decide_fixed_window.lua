@@ -10,16 +10,7 @@
 -- as in decide.lua. ARGV[3]: per check 4 little-endian doubles: flags, hits, limit, window ms.
 -- Returns {admitted, now, then per check: used * 4 + ok * 2 + charged}; the client derives
 -- remaining and reset from these (rls/stores/scripts.py `lean_verdict`).
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local mode = ARGV[2]
-local params = ARGV[3]
+-- now, mode and params: lua/request.lua (read once, shared by every decide script).
 local unpack4 = struct.unpack
 local n = #KEYS
 

@@ -31,6 +31,7 @@ from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcom
 
 LEAN_FILE = "decide_fixed_window.lua"
 DECIDE_FILE = "decide.lua"
+REQUEST_FILE = "request.lua"  # now / mode / params, read once for every decide script
 LIBRARY_ORDER = ("values", "bucket_lib", "log_lib")  # a library may call the ones before it
 
 # Per-check parameters, packed as little-endian doubles (exact for integers below 2^53).
@@ -42,6 +43,7 @@ CHECK = struct.Struct("<dddddddddd")  # decide.lua: id, flags, hits, limit, wind
 ALGORITHM_FILES: tuple[str, ...] = (
     *(f"{lib}.lua" for lib in LIBRARY_ORDER),
     *(spec.lua for spec in REGISTRY),
+    REQUEST_FILE,
     LEAN_FILE,
 )
 
@@ -62,7 +64,7 @@ def _lua(name: str) -> str:
 
 @cache
 def lean_script() -> str:
-    return "\n".join((prelude(), _lua(LEAN_FILE)))
+    return "\n".join((prelude(), _lua(REQUEST_FILE), _lua(LEAN_FILE)))
 
 
 @cache
@@ -74,6 +76,7 @@ def _decide_script(names: frozenset[str]) -> str:
     for spec in specs:
         # Each file ends in `return {...}`: wrapped, its locals stay its own.
         parts.append(f"ALGOS[{spec.id}] = (function()\n{_lua(spec.lua)}end)()")
+    parts.append(_lua(REQUEST_FILE))
     parts.append(_lua(DECIDE_FILE))
     return "\n".join(parts)
 
