@@ -17,6 +17,7 @@ from rls.admin.app import RUNNER_OPTIONS, AdminState, create_app
 from rls.admin.auth import admin_token
 from rls.admin.cache import add_cache_routes
 from rls.admin.switches import follow_shared
+from rls.cache.cache import ResponseCache
 from rls.cache.store import GuardedStore, StoreError
 from rls.config.errors import ConfigError
 from rls.config.model import RateLimitConfig
@@ -161,170 +162,234 @@ async def _probe_cache_store(store: GuardedStore) -> None:
         )
 
 
-async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
-    watch_supervisor()  # a --workers worker drains and exits when its supervisor dies
-    tune_thresholds()
-    app = build_app(settings)
-    pauses = PauseRecorder(lambda gen, s: app.metrics.gc_pause.labels(str(gen)).observe(s))
-    pauses.install()
-    clear_caches = app.holder.on_change
+class Server:
+    """One rls process, in start-up order: config, store, services, listeners; then the drain.
 
-    def config_changed(config: RateLimitConfig) -> None:
-        if clear_caches is not None:
-            clear_caches(config)
-        # The new config's objects: out of the collector's walk.
-        app.metrics.gc_frozen.set(freeze_startup_objects())
+    Each phase is one method so the order is readable top to bottom in `run`; everything a
+    later phase (or the drain) needs is an attribute set by the phase that made it.
+    """
 
-    app.holder.on_change = config_changed
-    # Same rule as a reload: one bad file rejects the whole load. Fail fast: a service with no
-    # limits would answer OK to everything.
-    if not app.holder.reload() and not settings.allow_empty_config:
-        log.error(
-            "cannot start: configuration failed to load: %s (--allow-empty-config starts "
-            "without it)",
-            app.holder.last_error,
+    def __init__(self, settings: Settings, ready: asyncio.Event | None = None) -> None:
+        self.settings = settings
+        self.ready = ready  # set once the process decides from its store (tests, demo)
+        self.app = build_app(settings)
+        self.pauses = PauseRecorder(
+            lambda gen, s: self.app.metrics.gc_pause.labels(str(gen)).observe(s)
         )
-        return 1
-    app.holder.start(settings.reload_interval)
-    app.metrics.store_ready.set(0)
-    store_ready, attempted = asyncio.Event(), asyncio.Event()
-    starter = asyncio.get_running_loop().create_task(_start_store(app, store_ready, attempted))
-    app.limiter.lag.start()
-    await attempted.wait()
+        self.store_ready = asyncio.Event()
+        self.draining = asyncio.Event()
+        self.stop_requested = asyncio.Event()
+        self.health = create_health()
+        self.cache: ResponseCache | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        self._health_tasks: set[asyncio.Task[None]] = set()
 
-    try:
-        counters_cfg = (
-            load_config(settings.counters_config) if settings.counters_config else CountersConfig()
-        )
-    except ValueError as exc:
-        raise SystemExit(f"rls: {exc}") from None
-    counters = CountersService.for_backend(
-        app.backend, counters_cfg, app.metrics.registry, settings.key_prefix
-    )
-    await counters.start()
-    quota = QuotaService(app.holder.current, app.backend, settings, app.metrics.registry)
-    handlers = [app.service.handler(), quota.handler(), CountersGrpc(counters).handler()]
-    cache = None
-    # grpc's own cap sits above ours, so an oversized request gets rls's INVALID_ARGUMENT with
-    # a message rather than grpc's RESOURCE_EXHAUSTED; beyond it grpc still protects memory.
-    max_message = settings.max_request_bytes * 4 + 65536
-    # An RLQS report lists every bucket of an Envoy (up to 20,000, ~80 bytes each).
-    max_message = max(max_message, 4 << 20)
-    if settings.cache_config:
-        try:
-            extproc, cache = build_cache(
-                settings.cache_config, settings.cache_store or None, app.metrics.registry
+    async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; 0 after a clean drain, 1 when start-up failed."""
+        watch_supervisor()  # a --workers worker drains and exits when its supervisor dies
+        tune_thresholds()
+        self.pauses.install()
+        self._chain_config_hooks()
+        if not self._load_config():
+            return 1
+        await self._start_store()
+        counters = await self._start_counters()
+        server = await self._grpc_server(counters)
+        if server is None:
+            return 1
+        await server.start()
+        runner = await self._start_admin(counters)
+        if runner is None:
+            await server.stop(grace=None)
+            return 1
+        self._log_listening()
+        self._start_background()
+        await self.stop_requested.wait()
+        await self._drain(server, runner, counters)
+        return 0
+
+    # -- start-up phases ---------------------------------------------------------------------
+
+    def _chain_config_hooks(self) -> None:
+        """On every config change: clear the limiter's caches, freeze the new config's objects
+        out of the collector's walk, and let gRPC health follow (NOT_SERVING while no domain is
+        loaded: the reference's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED)."""
+        app = self.app
+        clear_caches = app.holder.on_change
+        loop = asyncio.get_running_loop()
+
+        def config_changed(config: RateLimitConfig) -> None:
+            if clear_caches is not None:
+                clear_caches(config)
+            app.metrics.gc_frozen.set(freeze_startup_objects())
+            if not self.draining.is_set() and self.store_ready.is_set():
+                task = loop.create_task(set_serving(self.health, has_config(config)))
+                self._health_tasks.add(task)
+                task.add_done_callback(self._health_tasks.discard)
+
+        app.holder.on_change = config_changed
+
+    def _load_config(self) -> bool:
+        """Same rule as a reload: one bad file rejects the whole load. Fail fast: a service with
+        no limits would answer OK to everything."""
+        app, settings = self.app, self.settings
+        if not app.holder.reload() and not settings.allow_empty_config:
+            log.error(
+                "cannot start: configuration failed to load: %s (--allow-empty-config starts "
+                "without it)",
+                app.holder.last_error,
             )
-        except ConfigError as exc:
+            return False
+        app.holder.start(settings.reload_interval)
+        return True
+
+    async def _start_store(self) -> None:
+        """Open the store's connections before the port opens (one attempt; retries go on in
+        the background), so a burst at a cold start meets loaded scripts."""
+        self.app.metrics.store_ready.set(0)
+        attempted = asyncio.Event()
+        self.tasks.append(asyncio.get_running_loop().create_task(
+            _start_store(self.app, self.store_ready, attempted)
+        ))
+        self.app.limiter.lag.start()
+        await attempted.wait()
+
+    async def _start_counters(self) -> CountersService:
+        settings, app = self.settings, self.app
+        try:
+            counters_cfg = (
+                load_config(settings.counters_config)
+                if settings.counters_config
+                else CountersConfig()
+            )
+        except ValueError as exc:
             raise SystemExit(f"rls: {exc}") from None
-        handlers.append(extproc.handler())
-        await _probe_cache_store(cache.store)
-        # Buffered bodies arrive in one message; RateLimitService checks its own size limit.
-        max_message = max(max_message, 16 << 20)
-    server = grpc.aio.server(
-        interceptors=interceptors(settings.grpc_token),
-        options=[
-            ("grpc.max_receive_message_length", max_message),
-            # Shared ports only for --workers: otherwise a second rls on the same port must fail.
-            ("grpc.so_reuseport", 1 if shared_dir() is not None else 0),
+        counters = CountersService.for_backend(
+            app.backend, counters_cfg, app.metrics.registry, settings.key_prefix
+        )
+        await counters.start()
+        return counters
+
+    async def _grpc_server(self, counters: CountersService) -> grpc.aio.Server | None:
+        """Every gRPC service on one port: RateLimitService, RLQS, counters, ext_proc (with a
+        cache config) and health (NOT_SERVING until the store accepted us)."""
+        settings, app = self.settings, self.app
+        quota = QuotaService(app.holder.current, app.backend, settings, app.metrics.registry)
+        handlers = [app.service.handler(), quota.handler(), CountersGrpc(counters).handler()]
+        # grpc's own cap sits above ours, so an oversized request gets rls's INVALID_ARGUMENT
+        # with a message rather than grpc's RESOURCE_EXHAUSTED; beyond it grpc still protects
+        # memory. An RLQS report lists every bucket of an Envoy (up to 20,000, ~80 bytes each).
+        max_message = max(settings.max_request_bytes * 4 + 65536, 4 << 20)
+        if settings.cache_config:
+            try:
+                extproc, self.cache = build_cache(
+                    settings.cache_config, settings.cache_store or None, app.metrics.registry
+                )
+            except ConfigError as exc:
+                raise SystemExit(f"rls: {exc}") from None
+            handlers.append(extproc.handler())
+            await _probe_cache_store(self.cache.store)
+            # Buffered bodies arrive in one message; RateLimitService checks its own limit.
+            max_message = max(max_message, 16 << 20)
+        server = grpc.aio.server(
+            interceptors=interceptors(settings.grpc_token),
+            options=[
+                ("grpc.max_receive_message_length", max_message),
+                # Shared ports only for --workers: otherwise a second rls on the port must fail.
+                ("grpc.so_reuseport", 1 if shared_dir() is not None else 0),
+            ],
+        )
+        server.add_generic_rpc_handlers(tuple(handlers))
+        await set_serving(self.health, False)  # until the store accepted us
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        try:
+            port = server.add_insecure_port(settings.grpc_addr)
+        except RuntimeError as exc:  # grpc raises when the address is taken
+            port = 0
+            log.error("cannot listen on %s (gRPC): %s", settings.grpc_addr, exc)
+        return server if port else None
+
+    async def _start_admin(self, counters: CountersService) -> web.AppRunner | None:
+        settings, app = self.settings, self.app
+        self.state = AdminState(app.service, app.metrics, app.holder.current)
+        self.state.store_ready = False
+        self.state.counters = counters  # type: ignore[attr-defined]  # read by admin/freq.py
+        admin_app = create_app(self.state)
+        if self.cache is not None:
+            add_cache_routes(admin_app, self.cache)
+        runner = web.AppRunner(admin_app, access_log=None, **RUNNER_OPTIONS)
+        await runner.setup()
+        host, http_port = split_addr(settings.http_addr)
+        site = web.TCPSite(runner, host, http_port, reuse_port=shared_dir() is not None)
+        try:
+            await site.start()
+        except OSError as exc:
+            log.error("cannot listen on %s (admin): %s", settings.http_addr, exc)
+            await runner.cleanup()
+            return None
+        if admin_token() is not None:
+            log.info("admin token on: mutating admin endpoints and /json need the bearer token")
+        return runner
+
+    def _log_listening(self) -> None:
+        log.info(
+            "rls serving gRPC on %s, admin on %s, backend %s%s",
+            self.settings.grpc_addr,
+            self.settings.http_addr,
+            self.app.backend.name,
+            ", response cache on" if self.cache is not None else "",
+        )
+
+    def _start_background(self) -> None:
+        loop = asyncio.get_running_loop()
+        app = self.app
+        self.tasks += [
+            loop.create_task(follow_shared(self.settings, app.metrics)),
+            loop.create_task(_flush_metrics(app.metrics, app.limiter.top)),
+            loop.create_task(self._become_ready()),
         ]
-    )
-    server.add_generic_rpc_handlers(tuple(handlers))
-    health = create_health()
-    await set_serving(health, False)  # until the store accepted us
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    # gRPC health follows the config: NOT_SERVING while no domain is loaded (the reference's
-    # HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED), SERVING once one is — and the store is ready.
-    loop = asyncio.get_running_loop()
-    on_config = app.holder.on_change
-    health_tasks: set[asyncio.Task[None]] = set()
-    draining = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_requested.set)
 
-    def follow_config(config: RateLimitConfig) -> None:
-        if on_config is not None:
-            on_config(config)
-        if not draining.is_set() and store_ready.is_set():
-            task = loop.create_task(set_serving(health, has_config(config)))
-            health_tasks.add(task)
-            task.add_done_callback(health_tasks.discard)
-
-    app.holder.on_change = follow_config
-    try:
-        port = server.add_insecure_port(settings.grpc_addr)
-    except RuntimeError as exc:  # grpc raises when the address is taken
-        port = 0
-        log.error("cannot listen on %s (gRPC): %s", settings.grpc_addr, exc)
-    if port == 0:
-        return 1
-    await server.start()
-
-    state = AdminState(app.service, app.metrics, app.holder.current)
-    state.store_ready = False
-    state.counters = counters  # type: ignore[attr-defined]  # read by admin/freq.py
-    admin_app = create_app(state)
-    if cache is not None:
-        add_cache_routes(admin_app, cache)
-    runner = web.AppRunner(admin_app, access_log=None, **RUNNER_OPTIONS)
-    await runner.setup()
-    host, http_port = split_addr(settings.http_addr)
-    site = web.TCPSite(runner, host, http_port, reuse_port=shared_dir() is not None)
-    try:
-        await site.start()
-    except OSError as exc:
-        log.error("cannot listen on %s (admin): %s", settings.http_addr, exc)
-        await server.stop(grace=None)
-        return 1
-    if admin_token() is not None:
-        log.info("admin token on: mutating admin endpoints and /json need the bearer token")
-    log.info(
-        "rls serving gRPC on %s, admin on %s, backend %s%s",
-        settings.grpc_addr,
-        settings.http_addr,
-        app.backend.name,
-        ", response cache on" if cache is not None else "",
-    )
-
-    follower = asyncio.get_running_loop().create_task(follow_shared(settings, app.metrics))
-    flusher = asyncio.get_running_loop().create_task(_flush_metrics(app.metrics, app.limiter.top))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    async def become_ready() -> None:
+    async def _become_ready(self) -> None:
         """Health says SERVING only once the store accepted us (and never while draining)."""
-        await store_ready.wait()
-        app.metrics.gc_frozen.set(freeze_startup_objects())
-        if not state.draining:
-            state.store_ready = True
-            await set_serving(health, has_config(app.holder.current()))
-            if ready is not None:
-                ready.set()
+        await self.store_ready.wait()
+        self.app.metrics.gc_frozen.set(freeze_startup_objects())
+        if not self.state.draining:
+            self.state.store_ready = True
+            await set_serving(self.health, has_config(self.app.holder.current()))
+            if self.ready is not None:
+                self.ready.set()
 
-    readiness = loop.create_task(become_ready())
-    await stop.wait()
+    # -- the drain -----------------------------------------------------------------------------
 
-    log.info("shutting down: draining in-flight calls")
-    state.draining = True
-    draining.set()
-    await set_serving(health, False)
-    # Keep answering for a moment while readiness reports 503: grpc-core cancels calls it has
-    # received but not yet handed to a handler when stop() begins (grpc/grpc#41785), and load
-    # balancers need a moment to notice the readiness change.
-    await asyncio.sleep(settings.shutdown_delay_ms / 1000)
-    await server.stop(grace=settings.drain_seconds)
-    if cache is not None:
-        await cache.close()  # lets pending stores finish (bounded), closes the store
-    await counters.close()
-    follower.cancel()
-    flusher.cancel()
-    starter.cancel()
-    readiness.cancel()
-    app.limiter.lag.stop()
-    pauses.uninstall()
-    app.metrics.flush()
-    await app.holder.stop()
-    await runner.cleanup()
-    await app.backend.close()
-    log.info("stopped")
-    return 0
+    async def _drain(
+        self, server: grpc.aio.Server, runner: web.AppRunner, counters: CountersService
+    ) -> None:
+        app, settings = self.app, self.settings
+        log.info("shutting down: draining in-flight calls")
+        self.state.draining = True
+        self.draining.set()
+        await set_serving(self.health, False)
+        # Keep answering for a moment while readiness reports 503: grpc-core cancels calls it
+        # has received but not yet handed to a handler when stop() begins (grpc/grpc#41785),
+        # and load balancers need a moment to notice the readiness change.
+        await asyncio.sleep(settings.shutdown_delay_ms / 1000)
+        await server.stop(grace=settings.drain_seconds)
+        if self.cache is not None:
+            await self.cache.close()  # lets pending stores finish (bounded), closes the store
+        await counters.close()
+        for task in self.tasks:
+            task.cancel()
+        app.limiter.lag.stop()
+        self.pauses.uninstall()
+        app.metrics.flush()
+        await app.holder.stop()
+        await runner.cleanup()
+        await app.backend.close()
+        log.info("stopped")
+
+
+async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
+    """Run one rls process until SIGTERM/SIGINT (see `Server`)."""
+    return await Server(settings, ready).run()
