@@ -6,88 +6,24 @@ Nothing here uses the machine's own Redis on 6379: every server is started by th
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
+from support.net import free_port
 from support.processes import stop_process
+from support.redis_server import RedisServer, start_redis
+from support.waiting import wait_until
+
+__all__ = [  # re-exported for the suites that import them from conftest
+    "ROOT", "RedisServer", "RlsProcess", "free_port", "http_get", "start_redis", "wait_until",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    """Poll a readiness condition (not a sleep-and-hope: it fails loudly on timeout)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except Exception:
-            pass
-        time.sleep(0.02)
-    raise TimeoutError(f"timed out waiting for {what or predicate}")
-
-
-def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "redis-server"], check=True, capture_output=True
-        )
-        found = shutil.which("redis-server")
-        if found:
-            return found
-    pytest.fail("redis-server is not installed and could not be installed with apt-get")
-
-
-@dataclass
-class RedisServer:
-    port: int
-    proc: subprocess.Popen[bytes]
-    dir: str
-    args: list[str] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port)
-
-    def stop(self) -> None:
-        stop_process(self.proc, 5)
-
-
-def start_redis(*extra: str, port: int | None = None) -> RedisServer:
-    port = port or free_port()
-    workdir = tempfile.mkdtemp(prefix="rls-redis-")
-    args = [
-        redis_server_binary(),
-        "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        "--dir", workdir, *extra,
-    ]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = RedisServer(port, proc, workdir, list(extra))
-    wait_until(lambda: server.client().ping(), what=f"redis-server on {port}")
-    return server
 
 
 @pytest.fixture(scope="session")

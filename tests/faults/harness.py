@@ -28,6 +28,7 @@ import grpc
 from conftest import RlsProcess, http_get
 from envoy.service.ratelimit.v3 import rls_pb2
 from prometheus_client.parser import text_string_to_metric_families
+from support.waiting import wait_until as eventually  # the fault suites' name
 
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 DEADLINE_S = 0.25  # backend timeout (50 ms) + generous slack for a loaded 2-core machine
@@ -234,19 +235,6 @@ async def time_to_exact(load: Load, domain: str, key: str, limit: int,
             raise AssertionError(f"decisions not exact again after {timeout} s")
         await asyncio.sleep(0.01)
     raise AssertionError("unreachable")
-
-
-def eventually(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll until true; seconds it took. AssertionError (not TimeoutError) when it never is."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        try:
-            if predicate():
-                return time.monotonic() - start
-        except Exception:
-            pass
-        time.sleep(0.02)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def start_rls(rls_factory: Callable[..., RlsProcess], *config: object,

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from conftest import free_port, redis_server_binary
+from support.net import free_port
+from support.redis_server import redis_server_binary
+from support.waiting import wait_until
 
 # Generous but bounded: a topology that does not come up within this fails the test loudly.
 START_TIMEOUT = 20.0
@@ -112,23 +114,14 @@ def launch(
 
 def wait_for(procs: Sequence[Proc], predicate: Callable[[], bool], what: str,
              timeout: float = START_TIMEOUT) -> None:
-    """Poll `predicate` (errors count as not yet); fail with the logs on timeout or if a
-    process exits meanwhile."""
-    deadline = time.monotonic() + timeout
-    problem = f"timed out after {timeout}s"
-    while time.monotonic() < deadline:
-        dead = [p.name for p in procs if not p.alive()]
-        if dead:
-            problem = "process exited: " + ", ".join(dead)
-            break
-        try:
-            if predicate():
-                return
-        except Exception:
-            pass
-        time.sleep(0.02)
-    logs = "\n".join(f"--- {p.name} (port {p.port}) ---\n{p.log()[-3000:]}" for p in procs)
-    raise AssertionError(f"{problem} waiting for {what}\n{logs}")
+    """`wait_until` that fails at once when one of `procs` exits, with their logs."""
+    wait_until(
+        predicate, timeout, what,
+        alive=lambda: all(p.alive() for p in procs),
+        log=lambda: "\n".join(
+            f"--- {p.name} (port {p.port}) ---\n{p.log()[-3000:]}" for p in procs
+        ),
+    )
 
 
 def _as_map(raw: Any) -> dict[str, str]:

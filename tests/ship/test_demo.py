@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.net import connectable
 
 from rls.demo import DemoError, find_envoy
 
@@ -35,12 +36,6 @@ DEMO = [str(Path(sys.executable).parent / "rls"), "demo"]
 def run_demo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*DEMO, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT)
-
-
-def connectable(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_smoke_mode_passes_on_free_ports():
