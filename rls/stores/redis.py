@@ -10,8 +10,10 @@ Cluster: keys carry no hash tag, so counters spread over all slots. A request wh
 one slot is decided atomically in one call. A request spanning slots is decided in two steps:
 evaluate on every slot (no writes), apply the admission rule across all checks, then charge
 per slot as admitted or rejected. Between the two steps a concurrent request may take the
-last unit of a counter; the charge step re-checks room, so a limit is never exceeded, but such
-a request may be charged on one slot while found full on another.
+last unit of a counter; the charge step re-checks room and the answer follows it (refused), so
+neither a limit nor the admitted count is ever exceeded, and the charges such a refused request
+made on its other slots are released right after (`_settle_cluster`): for that moment those
+counters read high, so under contention a multi-slot request can under-admit, never over-admit.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextlib
 import ssl
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -32,6 +35,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import (
     AuthenticationError,
+    MaxConnectionsError,
     NoPermissionError,
     NoScriptError,
     RedisError,
@@ -42,7 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rls.core.admission import admit
 from rls.core.algorithms import ALGORITHM_IDS, REGISTRY
-from rls.core.model import Check, Outcome, Verdict
+from rls.core.model import NEGATIVE, Check, Outcome, Verdict
 from rls.core.usage import UsageOp
 from rls.stores.base import BackendError, StoreDown
 from rls.stores.breaker import CircuitBreaker
@@ -225,6 +229,10 @@ class RedisBackend:
             ScriptBatcher(self.client) if auto_pipeline and not self.cluster else self._direct
         )
         self.pool_size = pool_size
+        # redis-py's cluster client fails a call at once (MaxConnectionsError) when a node's
+        # pool is busy, where the standalone pool waits: a burst would then read as a failing
+        # store. Calls wait for a slot here instead (their deadline still bounds the wait).
+        self._slots = asyncio.Semaphore(pool_size) if self.cluster else None
         self.breaker = breaker or CircuitBreaker("redis")
         # The probe's own blocking connection, used from its own thread: its socket timeout
         # runs in the kernel, so a busy or paused event loop cannot fail a healthy store.
@@ -234,7 +242,10 @@ class RedisBackend:
         self.breaker.set_probe(self.probe)
 
     async def _direct(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await script(keys=keys, args=args)  # redis-py reloads it on NOSCRIPT
+        if self._slots is None:
+            return await script(keys=keys, args=args)  # redis-py reloads it on NOSCRIPT
+        async with self._slots:
+            return await script(keys=keys, args=args)
 
     async def probe(self) -> bool:
         """PING on the probe connection (in its thread); False on any error or timeout."""
@@ -315,6 +326,8 @@ class RedisBackend:
         except RedisTimeoutError as exc:
             breaker.suspect()  # redis-py's socket timeout: a suspicion, the probe decides
             raise BackendError(f"redis: {exc}") from exc
+        except MaxConnectionsError as exc:
+            raise BackendError(f"redis: {exc}") from exc  # our own pool, no news of the store
         except (RedisConnectionError, OSError) as exc:
             breaker.failure(str(exc))  # evidence about the store: refused, reset, auth lost
             raise BackendError(f"redis: {exc}") from exc
@@ -474,4 +487,34 @@ class RedisBackend:
         for idx, verdict in zip(parts, charged, strict=True):
             for i, out in zip(idx, verdict.outcomes, strict=True):
                 outcomes[i] = out
+        if admitted:
+            await self._settle_cluster(checks, outcomes, now_ms)  # type: ignore[arg-type]
+            admitted, _ = admit([c.flags for c in checks], [o.ok for o in outcomes if o])
         return Verdict(admitted, outcomes)  # type: ignore[arg-type]
+
+    async def _settle_cluster(
+        self, checks: Sequence[Check], outcomes: list[Outcome], now_ms: int
+    ) -> None:
+        """After the charge step of an admitted multi-slot request: if a concurrent request
+        took the last unit of a counter between the two steps, the charge step found it full
+        and the request is refused after all (never admitted on a stale evaluation). Charges it
+        made on the other slots are then given back, as a release on each, so a refused request
+        ends up charging nothing (the reference's rule), at the cost of a moment in which those
+        counters read high."""
+        flags = [c.flags for c in checks]
+        admitted, should_charge = admit(flags, [o.ok for o in outcomes])
+        if admitted:
+            return
+        undo = [
+            i for i, (c, o) in enumerate(zip(checks, outcomes, strict=True))
+            if o.charged and c.hits > 0 and not should_charge[i]
+        ]
+        if not undo:
+            return
+        releases = [replace(checks[i], flags=checks[i].flags | NEGATIVE) for i in undo]
+        groups: dict[int, list[Check]] = {}
+        for c in releases:
+            groups.setdefault(self.client.keyslot(c.key), []).append(c)
+        await asyncio.gather(*(self._run(group, now_ms, "d") for group in groups.values()))
+        for i in undo:
+            outcomes[i] = replace(outcomes[i], charged=False)
