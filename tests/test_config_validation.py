@@ -437,7 +437,7 @@ def test_kubernetes_configmap_layout(tmp_path: Path) -> None:
     os.symlink("..data/alpha.yaml", mount / "alpha.yaml")
     config = load_paths([str(mount)])  # read once, through the visible symlink
     assert set(config.domains) == {"alpha"}
-    assert config.files == [str(mount / "alpha.yaml")]
+    assert config.files == (str(mount / "alpha.yaml"),)
 
 
 def test_bad_file_in_directory_is_named(tmp_path: Path) -> None:

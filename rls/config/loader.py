@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rls.config.errors import ConfigError
-from rls.config.model import Domain, Level, RateLimitConfig
+from rls.config.errors import ConfigError, ConfigWarning
+from rls.config.model import Domain, Level, Node, RateLimitConfig
 from rls.config.parser import DomainParser, check_keys
 from rls.config.usage_stats import parse_usage_stats
 from rls.config.yaml_source import YamlBudget, as_str, parse_yaml
@@ -191,13 +191,13 @@ def load_files(
     files: Iterable[tuple[str, str]], merge_domains: bool = False
 ) -> RateLimitConfig:
     """Build a config from (file name, text) pairs; raises ConfigError naming the bad file."""
-    config = RateLimitConfig()
+    draft = _ConfigDraft(merge_domains)
     for file, text in files:
         try:
-            _load_doc(config, file, parse_yaml(file, text), merge_domains)
+            draft.add(file, parse_yaml(file, text))
         except RecursionError:  # deep or self-referencing (YAML anchor) descriptor trees
             raise ConfigError(file, _TOO_DEEP) from None
-    return config
+    return draft.build()
 
 
 _TOO_DEEP = "config error, nesting too deep (or a YAML anchor that contains itself)"
@@ -206,39 +206,70 @@ _TOO_DEEP = "config error, nesting too deep (or a YAML anchor that contains itse
 MAX_DEPTH = 64  # descriptor levels; deeper trees are rejected before recursion gets near limits
 
 
-def _load_doc(config: RateLimitConfig, file: str, doc: Any, merge_domains: bool) -> None:
-    if doc is not None and not isinstance(doc, dict):
-        raise ConfigError(file, "error loading config file: yaml: document must be a map")
-    doc = doc or {}
-    _check_depth(file, doc.get("descriptors"), 1)
-    check_keys(file, doc, config.warnings)
-    domain_name = as_str(file, doc.get("domain"), "domain")
-    if not domain_name:
-        raise ConfigError(
-            file,
-            "config file cannot have empty domain",
-            line=1,
-            hint="the file is empty" if not doc else "add `domain: <name>` at the top",
+@dataclass
+class _DomainDraft:
+    """One domain while its files load (several with --merge-domains); frozen by build()."""
+
+    name: str
+    nodes: list[Node] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    failure_mode: str | None = None
+    usage: Any = None
+
+    def build(self) -> Domain:
+        return Domain(
+            self.name, Level.of(self.nodes), tuple(self.files), self.failure_mode, self.usage
         )
-    domain = config.domains.get(domain_name)
-    if domain is None:
-        domain = Domain(name=domain_name, root=Level())
-        config.domains[domain_name] = domain
-    elif not merge_domains:
-        raise ConfigError(file, f"duplicate domain '{domain_name}' in config file")
-    domain.files.append(file)
-    mode = as_str(file, doc.get("failure_mode"), "failure_mode")
-    if mode:
-        if mode not in ("allow", "deny"):
-            raise ConfigError(file, f"failure_mode must be 'allow' or 'deny', not '{mode}'")
-        domain.failure_mode = mode
-    usage = parse_usage_stats(file, doc.get("usage_stats"))
-    if usage is not None:
-        domain.usage = usage
-    DomainParser(file, domain_name, config.warnings).add_descriptors(
-        domain.root, doc.get("descriptors"), domain_name
-    )
-    config.files.append(file)
+
+
+class _ConfigDraft:
+    """What a load accumulates, file by file; `build()` makes the immutable config."""
+
+    def __init__(self, merge_domains: bool) -> None:
+        self.merge_domains = merge_domains
+        self.domains: dict[str, _DomainDraft] = {}
+        self.files: list[str] = []
+        self.warnings: list[ConfigWarning] = []
+
+    def add(self, file: str, doc: Any) -> None:
+        if doc is not None and not isinstance(doc, dict):
+            raise ConfigError(file, "error loading config file: yaml: document must be a map")
+        doc = doc or {}
+        _check_depth(file, doc.get("descriptors"), 1)
+        check_keys(file, doc, self.warnings)
+        domain_name = as_str(file, doc.get("domain"), "domain")
+        if not domain_name:
+            raise ConfigError(
+                file,
+                "config file cannot have empty domain",
+                line=1,
+                hint="the file is empty" if not doc else "add `domain: <name>` at the top",
+            )
+        domain = self.domains.get(domain_name)
+        if domain is None:
+            domain = self.domains[domain_name] = _DomainDraft(domain_name)
+        elif not self.merge_domains:
+            raise ConfigError(file, f"duplicate domain '{domain_name}' in config file")
+        domain.files.append(file)
+        mode = as_str(file, doc.get("failure_mode"), "failure_mode")
+        if mode:
+            if mode not in ("allow", "deny"):
+                raise ConfigError(file, f"failure_mode must be 'allow' or 'deny', not '{mode}'")
+            domain.failure_mode = mode
+        usage = parse_usage_stats(file, doc.get("usage_stats"))
+        if usage is not None:
+            domain.usage = usage
+        DomainParser(file, domain_name, self.warnings).add_descriptors(
+            domain.nodes, doc.get("descriptors"), domain_name
+        )
+        self.files.append(file)
+
+    def build(self) -> RateLimitConfig:
+        return RateLimitConfig(
+            {name: d.build() for name, d in self.domains.items()},
+            tuple(self.files),
+            tuple(self.warnings),
+        )
 
 
 def _check_depth(file: str, items: object, depth: int) -> None:
@@ -299,7 +330,7 @@ def load_paths(
         raise ConfigError(
             str(next(iter(paths), "")), f"more than {budget.max_files} config files"
         )
-    config = RateLimitConfig()
+    draft = _ConfigDraft(merge_domains)
     total = 0
     for file, in_directory in sources:
         budget.check_time(file)
@@ -313,7 +344,7 @@ def load_paths(
             doc = parse_yaml(file, text, budget.for_file())
             if in_directory and is_cache_doc(doc):
                 continue  # response-cache rules: loaded by --cache-config, not here
-            _load_doc(config, file, doc, merge_domains)
+            draft.add(file, doc)
         except RecursionError:
             raise ConfigError(file, _TOO_DEEP) from None
-    return config
+    return draft.build()

@@ -7,6 +7,7 @@ so everything the hot path needs (window length, stats key, replaces set) is pre
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, frozen=True)
 class Node:
     """A descriptor node: one level of the tree, matched against one request entry."""
 
@@ -36,38 +37,58 @@ class Node:
     detailed_metric: bool = False
     value_to_metric: bool = False
     share_threshold: bool = False
-    metadata: dict[str, Any] | None = None
+    metadata: Mapping[str, Any] | None = None
     # Reference stats-key fragment of this level when matched the ordinary way.
     stats_part: str = ""
+    pattern: re.Pattern[str] | None = None  # compiled `value` when it holds a `*` wildcard
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, frozen=True)
 class Level:
-    """Children of one node (or the domain root), indexed for the reference matching order."""
+    """Children of one node (or the domain root), indexed for the reference matching order.
 
-    by_key: dict[str, dict[str, Node]] = field(default_factory=dict)
-    wildcards: dict[str, list[tuple[re.Pattern[str], Node]]] = field(default_factory=dict)
-    defaults: dict[str, Node] = field(default_factory=dict)
-    ordered: list[Node] = field(default_factory=list)
+    Built once from its nodes (`Level.of`) and never changed: a reload builds a new tree.
+    """
+
+    by_key: Mapping[str, Mapping[str, Node]]
+    wildcards: Mapping[str, tuple[tuple[re.Pattern[str], Node], ...]]
+    defaults: Mapping[str, Node]
+    ordered: tuple[Node, ...]
+
+    @classmethod
+    def of(cls, nodes: Iterable[Node]) -> Level:
+        ordered = tuple(nodes)
+        by_key: dict[str, dict[str, Node]] = {}
+        wildcards: dict[str, list[tuple[re.Pattern[str], Node]]] = {}
+        defaults: dict[str, Node] = {}
+        for node in ordered:
+            by_key.setdefault(node.key, {})[node.value] = node
+            if not node.value:
+                defaults[node.key] = node
+            elif node.pattern is not None:
+                wildcards.setdefault(node.key, []).append((node.pattern, node))
+        frozen_wildcards = {key: tuple(pairs) for key, pairs in wildcards.items()}
+        return cls(by_key, frozen_wildcards, defaults, ordered)
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, frozen=True)
 class Domain:
     name: str
     root: Level
-    files: list[str] = field(default_factory=list)
+    files: tuple[str, ...] = ()
     failure_mode: str | None = None  # allow | deny when the backend fails; None = global
     usage: Any = None  # rls.core.usage.UsageConfig when usage_stats is configured
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, frozen=True)
 class RateLimitConfig:
-    """The whole loaded config: domains by name, plus where each came from."""
+    """The whole loaded config: domains by name, plus where each came from. Immutable: the
+    request path reads it without locks, a reload swaps in a new one."""
 
-    domains: dict[str, Domain] = field(default_factory=dict)
-    files: list[str] = field(default_factory=list)
+    domains: Mapping[str, Domain] = field(default_factory=dict)
+    files: tuple[str, ...] = ()
     # rls.config.errors.ConfigWarning: loads, but probably a mistake (an error with --strict)
-    warnings: list[Any] = field(default_factory=list)
+    warnings: tuple[Any, ...] = ()
 
     def all_limits(self) -> list[Limit]:
         out: list[Limit] = []

@@ -187,14 +187,17 @@ class DomainParser:
     def fail(self, message: str, field: str | None = None) -> ConfigError:
         return ConfigError(self.file, message, field=field)
 
-    def add_descriptors(self, level: Level, items: Any, parent_path: str) -> None:
+    def add_descriptors(self, nodes: list[Node], items: Any, parent_path: str) -> None:
+        """Parse `items` into nodes appended to `nodes` (one level; a merged domain's root
+        gathers several files' nodes before it is frozen into a Level)."""
+        seen = {(n.key, n.value) for n in nodes}
         for raw in as_list(self.file, items, "descriptors"):
             try:
                 # Like the reference, a duplicate is reported before the node's own problems.
                 key = as_str(self.file, raw.get("key"), "key")
                 if key:
                     self._check_duplicate(
-                        level, key, as_str(self.file, raw.get("value"), "value"), parent_path
+                        seen, key, as_str(self.file, raw.get("value"), "value"), parent_path
                     )
                 node = self._node(raw, parent_path)
             except ConfigError as exc:
@@ -202,27 +205,21 @@ class DomainParser:
                 raise exc.locate(
                     line_of(raw, field), f"{parent_path}.{node_part(raw)}"
                 ) from None
-            self._insert(level, node)
+            nodes.append(node)
+            seen.add((node.key, node.value))
 
-    def _check_duplicate(self, level: Level, key: str, value: str, parent_path: str) -> None:
+    def _check_duplicate(
+        self, seen: set[tuple[str, str]], key: str, value: str, parent_path: str
+    ) -> None:
         """Two nodes with the same key and value at one level (also across merged files).
 
         Unlike the reference, which compares the joined `key_value` string, the real pair is
         compared: `key: a, value: b_c` and `key: a_b, value: c` are different nodes here (the
         counter keys are injective too), while the reference rejects them as duplicates.
         """
-        if value in level.by_key.get(key, ()):
+        if (key, value) in seen:
             composite = f"{key}_{value}" if value else key
             raise self.fail(f"duplicate descriptor composite key '{parent_path}.{composite}'")
-
-    def _insert(self, level: Level, node: Node) -> None:
-        values = level.by_key.setdefault(node.key, {})
-        values[node.value] = node
-        level.ordered.append(node)
-        if not node.value:
-            level.defaults[node.key] = node
-        elif "*" in node.value:
-            level.wildcards.setdefault(node.key, []).append((wildcard_regex(node.value), node))
 
     def _node(self, raw: dict[str, Any], parent_path: str) -> Node:
         key = as_str(self.file, raw.get("key"), "key")
@@ -241,15 +238,8 @@ class DomainParser:
         metadata = raw.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise self.fail("error parsing metadata: metadata must be a map", field="metadata")
-        node = Node(
-            key=key,
-            value=value,
-            detailed_metric=as_bool(self.file, raw.get("detailed_metric"), "detailed_metric"),
-            value_to_metric=as_bool(self.file, raw.get("value_to_metric"), "value_to_metric"),
-            share_threshold=share,
-            metadata=metadata,
-            stats_part=composite,
-        )
+        detailed = as_bool(self.file, raw.get("detailed_metric"), "detailed_metric")
+        to_metric = as_bool(self.file, raw.get("value_to_metric"), "value_to_metric")
         shadow = as_bool(self.file, raw.get("shadow_mode"), "shadow_mode")
         quota = as_bool(self.file, raw.get("quota_mode"), "quota_mode")
         specs: list[Any] = []
@@ -283,12 +273,24 @@ class DomainParser:
         self._check_limit_set(limits, path)
         if len(limits) > 1:
             distinct_metric_keys(limits, path)
-        node.limits = tuple(limits)
+        children = None
         child_items = raw.get("descriptors")
         if child_items:
-            node.children = Level()
-            self.add_descriptors(node.children, child_items, path)
-        return node
+            kids: list[Node] = []
+            self.add_descriptors(kids, child_items, path)
+            children = Level.of(kids)
+        return Node(
+            key=key,
+            value=value,
+            limits=tuple(limits),
+            children=children,
+            detailed_metric=detailed,
+            value_to_metric=to_metric,
+            share_threshold=share,
+            metadata=metadata,
+            stats_part=composite,
+            pattern=wildcard_regex(value) if "*" in value else None,
+        )
 
     def _check_limit_set(self, limits: list[Limit], path: str) -> None:
         if len(limits) > 1 and any(lim.unlimited for lim in limits):

@@ -3,7 +3,7 @@ share a counter. Pure functions over config and engine values."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +19,7 @@ MEMO_MAX = 10_000  # match results kept per domain (rls.memo.MATCH_MEMO_ENTRIES)
 
 def match_targets(
     dom: Domain, domain: str, entries: tuple[tuple[str, str], ...], prefix: str
-) -> tuple[tuple[Limit, str, str | None, dict[str, Any] | None], ...]:
+) -> tuple[tuple[Limit, str, str | None, Mapping[str, Any] | None], ...]:
     """(limit, counter key, dynamic stats key, node metadata) for every limit matched."""
     path = match(dom, entries)
     if path is None:
@@ -38,7 +38,7 @@ def match_targets(
 
 def match_cost(
     entries: tuple[tuple[str, str], ...],
-    targets: tuple[tuple[Limit, str, str | None, dict[str, Any] | None], ...],
+    targets: tuple[tuple[Limit, str, str | None, Mapping[str, Any] | None], ...],
 ) -> int:
     """Estimated bytes of one match-memo entry (its key and value), for BoundedCache."""
     cost = entries_cost(entries) + TUPLE_OVERHEAD

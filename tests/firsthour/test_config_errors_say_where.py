@@ -102,7 +102,7 @@ def test_yaml_merge_key_override_is_not_a_duplicate() -> None:
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n"
         "      <<: {unit: second, requests_per_unit: 1}\n      requests_per_unit: 2\n",
     )])
-    assert config.warnings == []
+    assert config.warnings == ()
 
 
 def write(path: Path, text: str) -> Path:

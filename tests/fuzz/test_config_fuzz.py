@@ -169,7 +169,7 @@ def check(text: str) -> None:
             f"{kind} (not ConfigError) from {where} for:\n{text}\n{traceback.format_exc()}"
         ) from exc
     event("loaded")
-    assert config.files == [FILE] and len(config.domains) == 1
+    assert config.files == (FILE,) and len(config.domains) == 1
 
 
 @FUZZ

@@ -107,7 +107,7 @@ def test_directory_link_back_to_parent_loads_each_file_once(cfg: Path) -> None:
     os.symlink(".", cfg / "self")
     config = load_bounded([cfg])
     assert set(config.domains) == {"alpha", "beta"}
-    assert config.files == [str(cfg / "a.yaml"), str(sub / "b.yaml")]
+    assert config.files == (str(cfg / "a.yaml"), str(sub / "b.yaml"))
 
 
 def test_two_links_back_to_parents_do_not_walk_forever(cfg: Path) -> None:
@@ -164,7 +164,7 @@ def test_kubernetes_configmap_mount_still_read_once(tmp_path: Path) -> None:
     os.symlink("..data/a.yaml", mount / "a.yaml")
     os.symlink("a.yaml", mount / "alias.yaml")  # a second visible name for the same file
     config = load_bounded([mount])
-    assert config.files == [str(mount / "a.yaml")]
+    assert config.files == (str(mount / "a.yaml"),)
     shutil.rmtree(real)  # dangling links: skipped, not fatal
     assert load_bounded([mount]).domains == {}
 
