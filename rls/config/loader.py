@@ -249,8 +249,11 @@ def _domain_key_hash(file: str, doc: dict[str, Any], domain: Domain) -> None:
     layout."""
     if "key_hash" not in doc:
         return
-    name = as_str(file, doc.get("key_hash"), "key_hash")
     line = line_of(doc, "key_hash")
+    try:
+        name = as_str(file, doc.get("key_hash"), "key_hash")
+    except ConfigError as exc:
+        raise exc.locate(line, "key_hash") from None
     problem = key_hash_problem(name) if name else None
     if problem is not None:
         raise ConfigError(file, problem, line=line, node="key_hash")
