@@ -50,6 +50,8 @@ descriptors:
     descriptors:
       - key: user
         rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: sms
+    rate_limit: {unit: day, requests_per_unit: 5, window: rolling_from_first_hit}
 """
 
 
@@ -164,3 +166,12 @@ def test_admin_counters_and_usage_show_descriptors_of_a_hashed_domain(
     status, raw = http(f"{srv.http_url}/usage?{query}")
     assert status == 200, raw
     assert json.loads(raw)["calls"] == 2
+    status, raw = http(srv.http_url + "/rlconfig?format=json")
+    dump = json.loads(raw)
+    assert dump["key_hash"] == {"hk": "md5"}
+    assert {lim["key"]: lim["window"] for lim in dump["limits"]} == {
+        "hk.app.user": "aligned", "hk.sms": "rolling_from_first_hit"
+    }
+    status, raw = http(srv.http_url + "/rlconfig")
+    assert "hk.sms: unit=DAY requests_per_unit=5" in raw.decode()
+    assert "window: rolling_from_first_hit" in raw.decode()
