@@ -342,12 +342,7 @@ class DomainParser:
         burst = None if burst is None else as_uint(f, burst, "burst")
         overdraft = as_uint(f, spec.get("overdraft"), "overdraft")
         calendar = as_bool(f, spec.get("calendar"), "calendar")
-        window = as_str(f, spec.get("window"), "window") or WINDOW_ALIGNED
-        if window not in WINDOWS:
-            raise self.fail(
-                f"'{path}': unknown window '{window}' (one of {', '.join(WINDOWS)})", "window"
-            )
-        rolling = window == WINDOW_ROLLING
+        rolling = self._rolling(spec, path)
         timezone = as_str(f, spec.get("timezone"), "timezone") or "UTC"
         if spec.get("timezone") is not None:
             try:
@@ -386,6 +381,15 @@ class DomainParser:
             full_key=path,
             index=index,
         )
+
+    def _rolling(self, spec: dict[str, Any], path: str) -> bool:
+        """`window:` — aligned (default) or rolling_from_first_hit."""
+        window = as_str(self.file, spec.get("window"), "window") or WINDOW_ALIGNED
+        if window not in WINDOWS:
+            raise self.fail(
+                f"'{path}': unknown window '{window}' (one of {', '.join(WINDOWS)})", "window"
+            )
+        return window == WINDOW_ROLLING
 
     def _check_extensions(
         self,
