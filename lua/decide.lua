@@ -7,10 +7,10 @@
 -- ARGV[1]: now in ms, or '' to use Redis TIME (one clock for all replicas).
 -- ARGV[2]: mode. 'd' decide and charge; 'e' evaluate only (no charge); 'a' / 'r' charge as if
 --   the request was admitted / rejected (Cluster: the admission was decided across slots).
--- ARGV[3]: the checks' parameters, 10 little-endian doubles per check (one argument: each
+-- ARGV[3]: the checks' parameters, 11 little-endian doubles per check (one argument: each
 --   argument costs the client an encoding step; struct.unpack costs no string patterns):
 --   algorithm id, flags, hits, limit, window ms, burst, overdraft, calendar window start, end,
---   previous start (0 0 0 for epoch windows).
+--   previous start (0 0 0 for epoch windows), rolling (1: window from the key's first charge).
 -- Returns {admitted, then per check: ok, charged, remaining, reset ms, used}.
 -- now, mode and params: lua/request.lua (read once, shared by every decide script).
 local unpack = struct.unpack
@@ -19,12 +19,13 @@ local n = #KEYS
 local args, res = {}, {}
 local admitted, quota_seen, quota_room = true, false, false
 for i = 1, n do
-  local id, f, hits, cap, window, burst, overdraft, start, stop, prev
-  id, f, hits, cap, window, burst, overdraft, start, stop, prev, pos =
-    unpack('<dddddddddd', params, pos)
+  local id, f, hits, cap, window, burst, overdraft, start, stop, prev, rolling
+  id, f, hits, cap, window, burst, overdraft, start, stop, prev, rolling, pos =
+    unpack('<ddddddddddd', params, pos)
   local a = {
     algo = ALGOS[id], flags = f, hits = hits, cap = cap, window = window,
     burst = burst, overdraft = overdraft, start = start, stop = stop, prev = prev,
+    rolling = rolling,
   }
   a.ok, a.rem_charged, a.rem_uncharged, a.reset, a.used = a.algo.evaluate(KEYS[i], now, a)
   args[i] = a

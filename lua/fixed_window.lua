@@ -1,5 +1,8 @@
--- Fixed window with overdraft and calendar bounds; twin of rls/core/algorithms/fixed_window.py.
+-- Fixed window with overdraft, calendar bounds and rolling windows; twin of
+-- rls/core/algorithms/fixed_window.py.
 -- Value: "<window start ms>:<usage incl. debt>:<debt at window start>".
+-- Rolling (a.rolling == 1): the start is the key's first charge; a key without a live window
+-- is not written by a 0-hit charge or a release (no window starts without a hit).
 local function fw_bounds(now, a)
   if a.stop > 0 then return a.start, a.stop, a.prev end
   local start = now - now % a.window
@@ -7,9 +10,15 @@ local function fw_bounds(now, a)
 end
 
 local function fw_read(key, now, a)
+  local f = read_fields(key)
+  if a.rolling > 0 then
+    if f and #f == 3 and now < f[1] + a.window then
+      return f[1], f[1] + a.window, f[2], 0, true
+    end
+    return now, now + a.window, 0, 0, false
+  end
   local start, stop, prev = fw_bounds(now, a)
   local usage, debt = 0, 0
-  local f = read_fields(key)
   if f and #f == 3 then
     if f[1] == start then
       usage, debt = f[2], f[3]
@@ -18,7 +27,7 @@ local function fw_read(key, now, a)
       usage = debt
     end
   end
-  return start, stop, usage, debt
+  return start, stop, usage, debt, true
 end
 
 local function fw_store(key, start, stop, usage, debt, now, a)
@@ -30,22 +39,23 @@ end
 
 return {
   evaluate = function(key, now, a)
-    local start, stop, usage, debt = fw_read(key, now, a)
+    local start, stop, usage, debt, live = fw_read(key, now, a)
     local top = a.cap
     if debt == 0 then top = top + a.overdraft end
     local ok
     if a.hits == 0 then ok = usage < top else ok = usage + a.hits <= top end
-    a.st = {start, stop, usage, debt}
+    a.st = {start, stop, usage, debt, live}
     return ok, math.max(0, top - usage - a.hits), math.max(0, top - usage), stop - now, usage
   end,
   charge = function(key, now, a)
     local s = a.st
+    if not s[5] and a.hits <= 0 then return end  -- rolling: a window starts with a hit
     fw_store(key, s[1], s[2], s[3] + a.hits, s[4], now, a)
   end,
   release = function(key, now, a)
     local s = a.st
     local usage = math.max(0, s[3] - a.hits)
-    fw_store(key, s[1], s[2], usage, s[4], now, a)
+    if s[5] then fw_store(key, s[1], s[2], usage, s[4], now, a) end
     local top = a.cap
     if s[4] == 0 then top = top + a.overdraft end
     return math.max(0, top - usage)

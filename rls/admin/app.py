@@ -18,6 +18,7 @@ from rls.admin.switches import add_switch_routes, publish, switch_state
 from rls.admin.top import add_top_routes
 from rls.admin.usage import add_usage_routes
 from rls.config.model import Limit, RateLimitConfig
+from rls.core.limits import WINDOW_ALIGNED, WINDOW_ROLLING
 from rls.engine.limiter import InvalidRequest
 from rls.metrics import Metrics
 from rls.services.ratelimit import RateLimitService
@@ -89,6 +90,11 @@ async def rlconfig(request: web.Request) -> web.Response:
             {
                 "files": config.files,
                 "domains": sorted(config.domains),
+                "key_hash": {
+                    name: dom.key_hash
+                    for name, dom in sorted(config.domains.items())
+                    if dom.key_hash
+                },
                 "limits": [_limit_json(limit) for limit in config.all_limits()],
                 "switches": switch_state(state.service.settings),
             }
@@ -108,6 +114,8 @@ async def rlconfig(request: web.Request) -> web.Response:
             line += f", algorithm: {limit.algorithm}"
         if limit.unit_multiplier != 1:
             line += f", unit_multiplier: {limit.unit_multiplier}"
+        if limit.rolling:
+            line += f", window: {WINDOW_ROLLING}"
         if limit.name:
             line += f", name: {limit.name}"
         lines.append(line)
@@ -126,6 +134,7 @@ def _limit_json(limit: Limit) -> dict[str, object]:
         "burst": limit.burst,
         "overdraft": limit.overdraft,
         "calendar": limit.calendar,
+        "window": WINDOW_ROLLING if limit.rolling else WINDOW_ALIGNED,
         "timezone": limit.timezone,
         "charge": "always" if limit.charge_always else "on_allow",
         "accept_releases": limit.accept_releases,

@@ -37,7 +37,7 @@ async def usage(request: web.Request) -> web.Response:
         for stat in stats.distinct:
             if stat.key == distinct and set(stat.per) == set(values):
                 parts = [(k, values[k]) for k in stat.per]
-                key = distinct_key(prefix, domain, day, distinct, parts)
+                key = distinct_key(prefix, domain, day, distinct, parts, dom.key_hash)
                 n = await backend.usage_value("h", key)
                 return web.json_response(
                     {"domain": domain, "day": day, "distinct": n, "key": distinct, "per": values}
@@ -46,7 +46,8 @@ async def usage(request: web.Request) -> web.Response:
     for keys in stats.calls:
         if set(keys) == set(values):
             parts = [(k, values[k]) for k in keys]
-            n = await backend.usage_value("c", calls_key(prefix, domain, day, parts))
+            key = calls_key(prefix, domain, day, parts, dom.key_hash)
+            n = await backend.usage_value("c", key)
             return web.json_response({"domain": domain, "day": day, "calls": n, "by": values})
     configured = [",".join(k) for k in stats.calls]
     return web.json_response(

@@ -23,9 +23,10 @@ from typing import Any
 
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.model import Domain, Level, Node, RateLimitConfig
-from rls.config.parser import DomainParser, check_keys
+from rls.config.parser import DomainParser, check_keys, line_of
 from rls.config.usage_stats import parse_usage_stats
 from rls.config.yaml_source import YamlBudget, as_str, parse_yaml
+from rls.core.keys import key_hash_problem
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
 MAX_FILE_BYTES = 1 << 20
@@ -215,10 +216,16 @@ class _DomainDraft:
     files: list[str] = field(default_factory=list)
     failure_mode: str | None = None
     usage: Any = None
+    key_hash: str = ""
 
     def build(self) -> Domain:
         return Domain(
-            self.name, Level.of(self.nodes), tuple(self.files), self.failure_mode, self.usage
+            self.name,
+            Level.of(self.nodes),
+            tuple(self.files),
+            self.failure_mode,
+            self.usage,
+            self.key_hash,
         )
 
 
@@ -256,6 +263,7 @@ class _ConfigDraft:
             if mode not in ("allow", "deny"):
                 raise ConfigError(file, f"failure_mode must be 'allow' or 'deny', not '{mode}'")
             domain.failure_mode = mode
+        _domain_key_hash(file, doc, domain)
         usage = parse_usage_stats(file, doc.get("usage_stats"))
         if usage is not None:
             domain.usage = usage
@@ -270,6 +278,31 @@ class _ConfigDraft:
             tuple(self.files),
             tuple(self.warnings),
         )
+
+
+def _domain_key_hash(file: str, doc: dict[str, Any], domain: _DomainDraft) -> None:
+    """Top-level `key_hash: md5|xxh3` (a domain setting: it applies to every node of the
+    domain). Files merged into one domain that set it must agree: one domain has one key
+    layout."""
+    if "key_hash" not in doc:
+        return
+    line = line_of(doc, "key_hash")
+    try:
+        name = as_str(file, doc.get("key_hash"), "key_hash")
+    except ConfigError as exc:
+        raise exc.locate(line, "key_hash") from None
+    problem = key_hash_problem(name) if name else None
+    if problem is not None:
+        raise ConfigError(file, problem, line=line, node="key_hash")
+    if domain.key_hash and name != domain.key_hash:
+        raise ConfigError(
+            file,
+            f"key_hash '{name}' differs from '{domain.key_hash}' set for domain "
+            f"'{domain.name}' by an earlier file",
+            line=line,
+            node="key_hash",
+        )
+    domain.key_hash = name
 
 
 def _check_depth(file: str, items: object, depth: int) -> None:

@@ -78,6 +78,9 @@ class Domain:
     files: tuple[str, ...] = ()
     failure_mode: str | None = None  # allow | deny when the backend fails; None = global
     usage: Any = None  # rls.core.usage.UsageConfig when usage_stats is configured
+    # `key_hash: md5|xxh3`: counter keys carry a digest of the descriptor (rls.core.keys);
+    # "" keeps them readable.
+    key_hash: str = ""
 
 
 @dataclass(slots=True, eq=False, frozen=True)

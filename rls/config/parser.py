@@ -26,6 +26,7 @@ from rls.config.yaml_source import (
     render,
 )
 from rls.core.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+from rls.core.limits import WINDOW_ALIGNED, WINDOW_ROLLING, WINDOWS
 from rls.memo import BoundedCache
 
 REFERENCE_KEYS = frozenset(
@@ -56,11 +57,13 @@ EXTENSION_KEYS = frozenset(
         "burst",
         "overdraft",
         "calendar",
+        "window",
         "timezone",
         "charge",
         "accept_releases",
         "usage_stats",
         "failure_mode",
+        "key_hash",
     }
 )
 VALID_KEYS = REFERENCE_KEYS | EXTENSION_KEYS
@@ -341,13 +344,16 @@ class DomainParser:
         burst = None if burst is None else as_uint(f, burst, "burst")
         overdraft = as_uint(f, spec.get("overdraft"), "overdraft")
         calendar = as_bool(f, spec.get("calendar"), "calendar")
+        rolling = self._rolling(spec, path)
         timezone = as_str(f, spec.get("timezone"), "timezone") or "UTC"
         if spec.get("timezone") is not None:
             try:
                 ZoneInfo(timezone)
             except (ZoneInfoNotFoundError, ValueError):
                 raise self.fail(f"'{path}': unknown timezone '{timezone}'") from None
-        self._check_extensions(path, algorithm, burst, overdraft, calendar, spec, unit, unlimited)
+        self._check_extensions(
+            path, algorithm, burst, overdraft, calendar, rolling, spec, unit, unlimited
+        )
         rpu = as_uint(f, spec.get("requests_per_unit"), "requests_per_unit")
         if overdraft > rpu:
             raise self.fail(f"'{path}': overdraft must not exceed requests_per_unit")
@@ -370,12 +376,22 @@ class DomainParser:
             burst=burst,
             overdraft=overdraft,
             calendar=calendar,
+            rolling=rolling,
             timezone=timezone,
             charge_always=charge == "always",
             accept_releases=None if accept is None else as_bool(f, accept, "accept_releases"),
             full_key=path,
             index=index,
         )
+
+    def _rolling(self, spec: dict[str, Any], path: str) -> bool:
+        """`window:` — aligned (default) or rolling_from_first_hit."""
+        window = as_str(self.file, spec.get("window"), "window") or WINDOW_ALIGNED
+        if window not in WINDOWS:
+            raise self.fail(
+                f"'{path}': unknown window '{window}' (one of {', '.join(WINDOWS)})", "window"
+            )
+        return window == WINDOW_ROLLING
 
     def _check_extensions(
         self,
@@ -384,6 +400,7 @@ class DomainParser:
         burst: int | None,
         overdraft: int,
         calendar: bool,
+        rolling: bool,
         spec: dict[str, Any],
         unit: Unit | None,
         unlimited: bool,
@@ -401,6 +418,19 @@ class DomainParser:
             raise self.fail(f"'{path}': calendar applies to fixed_window only")
         if spec.get("timezone") is not None and not calendar:
             raise self.fail(f"'{path}': timezone needs calendar: true")
+        if rolling:
+            # A rolling window has its own start per key: no calendar bounds to align to, no
+            # next window to owe overdraft debt to, no window for the other algorithms.
+            where = "window"
+            if algorithm != "fixed_window":
+                why = f"applies to fixed_window only, not {algorithm}"
+            elif calendar:
+                why, where = "cannot be combined with calendar: true", "calendar"
+            elif overdraft:
+                why, where = "cannot be combined with overdraft", "overdraft"
+            else:
+                return
+            raise self.fail(f"'{path}': window {WINDOW_ROLLING} {why}", where)
 
 
 BURST_ALGORITHMS = ("token_bucket", "leaky_bucket", "gcra")
@@ -417,6 +447,8 @@ def distinct_metric_keys(limits: list[Limit], path: str) -> None:
             suffix += f"_{lim.algorithm}"
         if lim.calendar and not lim.name:
             suffix += "_calendar"
+        if lim.rolling and not lim.name:
+            suffix += "_rolling"
         if suffix in seen:
             suffix += f"_{lim.index}"
         seen.add(suffix)

@@ -42,13 +42,21 @@ MAX_WINDOW_SECONDS = 100 * 365 * 86400
 
 ALGORITHMS: tuple[str, ...] = ALGORITHM_NAMES  # YAML names, from the registry
 
+# `window:` of a fixed window (YAML; the counters API uses the same rolling name). Aligned
+# windows share their bounds (epoch, or `calendar: true`); a rolling one starts at the key's
+# first charge and lasts the window, so each key has its own bounds.
+WINDOW_ALIGNED = "aligned"
+WINDOW_ROLLING = "rolling_from_first_hit"
+WINDOWS: tuple[str, ...] = (WINDOW_ALIGNED, WINDOW_ROLLING)
+
 
 @dataclass(slots=True, eq=False, frozen=True)
 class Limit:
     """One rate limit as configured on a descriptor node (or built from a request override).
 
     `ident` is the stable part of the counter key that says which limit this is (algorithm and
-    window); changing either starts a fresh counter instead of misreading old state.
+    window, calendar or rolling included); changing any of them starts a fresh counter instead
+    of misreading old state (an aligned value read as a rolling one would keep its old start).
     """
 
     requests_per_unit: int
@@ -63,6 +71,9 @@ class Limit:
     burst: int | None = None
     overdraft: int = 0
     calendar: bool = False
+    # `window: rolling_from_first_hit` (fixed_window only): the key's window starts at its first
+    # charge, not at an epoch or calendar boundary.
+    rolling: bool = False
     timezone: str = "UTC"
     charge_always: bool = False
     # Whether is_negative_hits may give hits back (YAML `accept_releases`); None = only for
@@ -90,6 +101,8 @@ class Limit:
             ident = f"{KEY_TAGS[self.algorithm]}{self.window_ms // 1000}"
             if self.calendar:
                 ident += f"c{self.timezone}"
+            if self.rolling:
+                ident += "r"
             if self.index:
                 ident += f"i{self.index}"
             derived(self, "ident", ident)

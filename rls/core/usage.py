@@ -50,14 +50,22 @@ def day_of(now_ms: int, timezone: str) -> str:
     return datetime.fromtimestamp(now_ms / 1000, ZoneInfo(timezone)).strftime("%Y%m%d")
 
 
-def calls_key(prefix: str, domain: str, day: str, parts: Sequence[tuple[str, str]]) -> str:
-    return counter_key(prefix, domain, parts, f"u{day}")
+def calls_key(
+    prefix: str, domain: str, day: str, parts: Sequence[tuple[str, str]], key_hash: str = ""
+) -> str:
+    """`key_hash`: the domain's (rls.core.keys), like its rate-limit counters."""
+    return counter_key(prefix, domain, parts, f"u{day}", key_hash)
 
 
 def distinct_key(
-    prefix: str, domain: str, day: str, key: str, parts: Sequence[tuple[str, str]]
+    prefix: str,
+    domain: str,
+    day: str,
+    key: str,
+    parts: Sequence[tuple[str, str]],
+    key_hash: str = "",
 ) -> str:
-    return counter_key(prefix, domain, [*parts, ("#distinct", key)], f"h{day}")
+    return counter_key(prefix, domain, [*parts, ("#distinct", key)], f"h{day}", key_hash)
 
 
 def usage_ops(
@@ -66,6 +74,7 @@ def usage_ops(
     domain: str,
     descriptors: Sequence[Sequence[tuple[str, str]]],
     now_ms: int,
+    key_hash: str = "",
 ) -> list[UsageOp]:
     day = day_of(now_ms, config.timezone)
     ops: dict[UsageOp, None] = {}  # ordered and de-duplicated within the request
@@ -74,10 +83,10 @@ def usage_ops(
         for keys in config.calls:
             if all(k in values for k in keys):
                 parts = [(k, values[k]) for k in keys]
-                ops[("c", calls_key(prefix, domain, day, parts), "")] = None
+                ops[("c", calls_key(prefix, domain, day, parts, key_hash), "")] = None
         for stat in config.distinct:
             if stat.key in values and all(k in values for k in stat.per):
                 parts = [(k, values[k]) for k in stat.per]
-                key = distinct_key(prefix, domain, day, stat.key, parts)
+                key = distinct_key(prefix, domain, day, stat.key, parts, key_hash)
                 ops[("h", key, values[stat.key])] = None
     return list(ops)

@@ -9,7 +9,6 @@ agree at midnight.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 
 from rls.config.model import Unit
+from rls.core.keys import KEY_HASHES as _DIGESTS
+from rls.core.keys import digest, key_hash_problem
+from rls.core.limits import WINDOW_ROLLING
 from rls.engine.calendar import calendar_window
 
 MAX_BATCH = 30
@@ -44,8 +46,8 @@ _FIXED_MS = {
     Unit.SECOND: 1000, Unit.MINUTE: 60_000, Unit.HOUR: 3_600_000, Unit.DAY: 86_400_000,
     Unit.WEEK: 604_800_000,
 }
-WINDOWS = ("calendar", "rolling_from_first_hit")
-KEY_HASHES = ("", "md5", "xxh3")
+WINDOWS = ("calendar", WINDOW_ROLLING)
+KEY_HASHES = ("", *_DIGESTS)
 
 
 class InvalidItem(ValueError):
@@ -110,10 +112,9 @@ def load_config(path: str) -> CountersConfig:
         if not _zone_ok(tz):
             raise ValueError(f"{path}: domain {name!r}: unknown time zone {tz!r}")
         key_hash = str(opts.get("key_hash") or "")
-        if key_hash not in KEY_HASHES:
-            raise ValueError(f"{path}: domain {name!r}: key_hash must be md5 or xxh3")
-        if key_hash == "xxh3" and _xxh3 is None:
-            raise ValueError(f"{path}: domain {name!r}: key_hash xxh3 needs the xxhash package")
+        problem = key_hash_problem(key_hash) if key_hash else None
+        if problem is not None:
+            raise ValueError(f"{path}: domain {name!r}: {problem}")
         cfg.domains[str(name)] = DomainOptions(tz, key_hash)
     stale = raw.get("stale_cache") or {}
     cfg.stale_max_entries = int(stale.get("max_entries", cfg.stale_max_entries))
@@ -126,14 +127,6 @@ def load_config(path: str) -> CountersConfig:
         raise ValueError(f"{path}: hot_keys.ttl_ms must be 0..1000")
     cfg.timeout_ms = int(raw.get("timeout_ms", cfg.timeout_ms))
     return cfg
-
-
-try:  # optional: xxh3 keys need the xxhash package; md5 is always there
-    import xxhash
-
-    _xxh3: Any = xxhash.xxh3_128_hexdigest
-except ImportError:  # pragma: no cover - depends on the environment
-    _xxh3 = None
 
 
 @dataclass(slots=True)
@@ -168,11 +161,7 @@ class Item:
         memo = self._key
         if memo is not None and memo[0] == prefix:
             return memo[1]
-        key = self.key
-        if self.key_hash == "md5":
-            key = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
-        elif self.key_hash == "xxh3":
-            key = _xxh3(key.encode())
+        key = digest(self.key_hash, self.key) if self.key_hash else self.key
         tz = "" if self.rolling else self.timezone
         window = "r" if self.rolling else "c"
         domain = self.domain
@@ -247,7 +236,7 @@ def make_item(
     hits = _int(hits, "hits", 0, MAX_HITS) or 1
     if window not in WINDOWS:
         raise InvalidItem(f"window must be one of {', '.join(WINDOWS)}")
-    rolling = window == "rolling_from_first_hit"
+    rolling = window == WINDOW_ROLLING
     if rolling and unit not in _FIXED_MS:
         raise InvalidItem("window rolling_from_first_hit needs a fixed-length unit (not month)")
     options = cfg.options(domain)

@@ -31,7 +31,7 @@ def match_targets(
     dyn = stats_key(domain, path, entries) if needs_dynamic_stats(path) else None
     meta = path[-1].metadata
     return tuple(
-        (limit, counter_key(prefix, domain, parts, limit.ident), dyn, meta)
+        (limit, counter_key(prefix, domain, parts, limit.ident, dom.key_hash), dyn, meta)
         for limit in path[-1].limits
     )
 

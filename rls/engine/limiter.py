@@ -112,7 +112,8 @@ class RateLimiter:
         if dom.usage is not None:
             clock_ms = now_ms if now_ms is not None else int(time.time() * 1000)
             usage = usage_ops(
-                dom.usage, settings.key_prefix, domain, [d.entries for d in descriptors], clock_ms
+                dom.usage, settings.key_prefix, domain, [d.entries for d in descriptors], clock_ms,
+                dom.key_hash,
             )
         over_cache = self._over_cache
         hit = over_cache.answer(checks, statuses) if checks and over_cache else None
@@ -177,7 +178,7 @@ class RateLimiter:
             hits = default_hits if desc.hits is None else desc.hits
             if desc.override is not None:
                 limit = self._override_limit(domain, desc)
-                key = counter_key(prefix, domain, desc.entries, limit.ident)
+                key = counter_key(prefix, domain, desc.entries, limit.ident, dom.key_hash)
                 matched.append((i, limit, key, None, hits, desc.negative))
                 continue
             targets = memo.get(desc.entries)

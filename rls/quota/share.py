@@ -21,7 +21,9 @@ from the old window stay charged to the old window; the next report attributes t
 carries to the old and new grant in proportion to time.
 
 Only fixed windows can be dealt this way (a reservation and its release must be exact inverses
-and the room must not refill inside the window): see SUPPORTED_ALGORITHMS.
+and the room must not refill inside the window): see SUPPORTED_ALGORITHMS. Not rolling ones
+(`window: rolling_from_first_hit`): a reservation is a charge, so the key's window would start
+at the first grant and restart at every window push of an idle bucket, not at a request.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rls.config.model import Limit
+from rls.core.limits import WINDOW_ROLLING
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check, Outcome
 from rls.engine.calendar import CalendarCache
 from rls.stores.base import Backend
@@ -89,6 +92,17 @@ class Grant:
     tokens: int
     reset_ms: int  # time until the tightest limit's window resets
     remaining: dict[str, int] = field(default_factory=dict)
+
+
+def undealable(limit: Limit) -> str | None:
+    """Why quota mode cannot deal `limit` (for the error log), or None when it can."""
+    if limit.algorithm not in SUPPORTED_ALGORITHMS:
+        return (
+            f"algorithm {limit.algorithm}; supported: {', '.join(sorted(SUPPORTED_ALGORITHMS))}"
+        )
+    if limit.rolling:
+        return f"window {WINDOW_ROLLING}: reservations would start its windows, not requests"
+    return None
 
 
 def initial_target(ledgers: Sequence[Ledger]) -> int:

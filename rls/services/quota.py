@@ -41,12 +41,12 @@ from rls.quota.match import order_bucket
 from rls.quota.metrics import QuotaMetrics
 from rls.quota.share import (
     REPORT_CADENCE_S,
-    SUPPORTED_ALGORITHMS,
     Dealer,
     Grant,
     Ledger,
     demand_target,
     initial_target,
+    undealable,
 )
 from rls.settings import Settings
 from rls.stores.base import Backend, BackendError
@@ -145,14 +145,13 @@ class QuotaService:
             self.metrics.buckets.dec(len(session.buckets))
             session.buckets.clear()
 
-    def warn_unsupported(self, full_key: str, algorithm: str) -> None:
+    def warn_unsupported(self, full_key: str, why: str) -> None:
         self.metrics.errors.labels("unsupported").inc()
         if full_key not in self._warned and len(self._warned) < 1000:
             self._warned.add(full_key)
             log.error(
-                "quota mode cannot deal limit %s (algorithm %s; supported: %s): its buckets get "
-                "the unmatched default",
-                full_key, algorithm, ", ".join(sorted(SUPPORTED_ALGORITHMS)),
+                "quota mode cannot deal limit %s (%s): its buckets get the unmatched default",
+                full_key, why,
             )
 
 
@@ -373,8 +372,9 @@ class QuotaStream:
         for limit, key, dyn, _ in targets:
             if limit.unlimited or (limit.name and limit.name in replaced):
                 continue
-            if limit.algorithm not in SUPPORTED_ALGORITHMS:
-                self.service.warn_unsupported(limit.full_key, limit.algorithm)
+            why = undealable(limit)
+            if why is not None:
+                self.service.warn_unsupported(limit.full_key, why)
                 bucket.kind, bucket.ledgers = UNSUPPORTED, []
                 return
             ledgers.append(old.get(key) or Ledger(limit, key, dyn))

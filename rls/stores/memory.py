@@ -129,7 +129,10 @@ class MemoryBackend:
                     ok = True
                 else:
                     new_state, expires = algo.charge(state, now_ms, check)
-                data[check.key] = (new_state, expires)
+                if new_state is None:  # nothing to keep (a rolling key left without window)
+                    data.pop(check.key, None)
+                else:
+                    data[check.key] = (new_state, expires)
                 outcomes.append(Outcome(ok, True, rem_charged, reset, used))
             else:
                 outcomes.append(Outcome(ok, False, rem_uncharged if ok else 0, reset, used))

@@ -422,15 +422,19 @@ class RedisBackend:
 
         All checks' numbers travel in one argument (each argument costs the client an encoding
         step). Plain fixed windows take the lean script (flags, hits, limit, window per check,
-        packed as doubles: exact for integers below 2^53); anything else lua/decide.lua with the
-        algorithms present (10 doubles per check).
+        packed as doubles: exact for integers below 2^53); anything else (rolling windows
+        included: each key has its own bounds) lua/decide.lua with the algorithms present (11
+        doubles per check).
         """
         now = "" if now_ms is None else str(now_ms)
         keys = [c.key for c in checks]
         lean = True
         for c in checks:
             lim = c.limit
-            if lim.algorithm != "fixed_window" or lim.overdraft or c.bounds is not None:
+            if (
+                lim.algorithm != "fixed_window" or lim.overdraft or lim.rolling
+                or c.bounds is not None
+            ):
                 lean = False
                 break
         if lean:
@@ -451,7 +455,7 @@ class RedisBackend:
             burst = lim.burst if lim.burst is not None else lim.requests_per_unit
             general.append(
                 pack(ALGORITHM_IDS[lim.algorithm], c.flags, c.hits, lim.requests_per_unit,
-                     lim.window_ms, burst, lim.overdraft, start, stop, prev)
+                     lim.window_ms, burst, lim.overdraft, start, stop, prev, lim.rolling)
             )
         return self._mix(mask), keys, [now, mode, b"".join(general)]
 

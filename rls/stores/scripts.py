@@ -2,8 +2,8 @@
 
 Redis runs a script's whole body on every EVALSHA, so a script that defined every algorithm
 paid for all of them on every call. Scripts are instead built per request shape:
-- `lean_script()`: every check a plain fixed window (no overdraft, no calendar), the common
-  case (lua/decide_fixed_window.lua: a GET per check, a SET per charge, nothing else);
+- `lean_script()`: every check a plain fixed window (no overdraft, no calendar, not rolling),
+  the common case (lua/decide_fixed_window.lua: a GET per check, a SET per charge, nothing else);
 - `decide_script(names)`: lua/decide.lua with only the named algorithms and the libraries they
   use, so a request mixing algorithms is still one EVALSHA and atomic.
 Each script starts with a prelude generated from the Python constants (flag bits, GRACE_MS),
@@ -36,8 +36,8 @@ LIBRARY_ORDER = ("values", "bucket_lib", "log_lib")  # a library may call the on
 
 # Per-check parameters, packed as little-endian doubles (exact for integers below 2^53).
 LEAN_CHECK = struct.Struct("<dddd")  # lean script: flags, hits, limit, window ms
-CHECK = struct.Struct("<dddddddddd")  # decide.lua: id, flags, hits, limit, window, burst,
-#   overdraft, calendar window start, end, previous start
+CHECK = struct.Struct("<ddddddddddd")  # decide.lua: id, flags, hits, limit, window, burst,
+#   overdraft, calendar window start, end, previous start, rolling (0 / 1)
 
 # Every Lua file a script can be built from (the wheel and the image must ship them all).
 ALGORITHM_FILES: tuple[str, ...] = (

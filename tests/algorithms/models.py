@@ -124,6 +124,44 @@ class FixedWindowModel(Model):
         self.windows[self.bounds(now)[0]] = [max(0, usage - hits), debt]
 
 
+class RollingWindowModel(Model):
+    """`window: rolling_from_first_hit`: the first charge of at least one hit opens a window of
+    `window_ms` at that instant; hits count in it until it ends; then the key has no window
+    until the next such charge. Without a window: the whole limit available, the full window
+    as reset, and 0-hit charges and releases change nothing."""
+
+    def __init__(self, limit: int, window_ms: int) -> None:
+        self.limit = limit
+        self.window = window_ms
+        self.start: int | None = None
+        self.usage = 0
+
+    def _live(self, now: int) -> bool:
+        return self.start is not None and now < self.start + self.window
+
+    def available(self, now: int) -> Fraction:
+        return Fraction(self.limit - (self.usage if self._live(now) else 0))
+
+    def used_of(self, available: Fraction, now: int) -> int:
+        return self.usage if self._live(now) else 0
+
+    def reset(self, now: int) -> int | None:
+        if self._live(now):
+            assert self.start is not None
+            return self.start + self.window - now
+        return self.window
+
+    def charge(self, now: int, hits: int) -> None:
+        if self._live(now):
+            self.usage += hits
+        elif hits > 0:
+            self.start, self.usage = now, hits
+
+    def release(self, now: int, hits: int) -> None:
+        if self._live(now):
+            self.usage = max(0, self.usage - hits)
+
+
 # --- sliding window -------------------------------------------------------------------------
 
 

@@ -182,14 +182,14 @@ def test_counters_yaml(tmp_path):
 
 
 def test_xxh3_keys_need_the_xxhash_package(tmp_path, monkeypatch):
-    import rls.counters.model as model
+    import rls.core.keys as keys
 
     path = tmp_path / "c.yaml"
     path.write_text("domains:\n  ads: {key_hash: xxh3}\n")
-    monkeypatch.setattr(model, "_xxh3", None)
+    monkeypatch.setattr(keys, "_xxh3", None)
     with pytest.raises(ValueError, match="xxhash"):
         load_config(str(path))
-    monkeypatch.setattr(model, "_xxh3", lambda data: hashlib.md5(data).hexdigest()[::-1])
+    monkeypatch.setattr(keys, "_xxh3", lambda data: hashlib.md5(data).hexdigest()[::-1])
     cfg = load_config(str(path))
     a = make_item(cfg, "ads", "k" * 500, 1, "day").base_key("rl:")
     b = make_item(cfg, "ads", "k", 1, "day").base_key("rl:")

@@ -29,6 +29,8 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: smooth
     rate_limit: {unit: second, requests_per_unit: 4, algorithm: token_bucket}
+  - key: rolling
+    rate_limit: {unit: minute, requests_per_unit: 4, window: rolling_from_first_hit}
 """
 
 
@@ -94,6 +96,13 @@ def test_limit_with_an_algorithm_quota_mode_cannot_deal_is_unmatched_and_logged(
     (action,) = answer(QuotaStream(svc), report(({"smooth": "x"}, 1, 0)))
     assert action.quota_assignment_action.rate_limit_strategy.blanket_rule == ALLOW_ALL
     assert "token_bucket" in caplog.text and "q.smooth" in caplog.text
+
+
+def test_rolling_window_limit_is_unmatched_and_logged(caplog) -> None:
+    """Reservations are charges: dealt, a rolling window would start at the first grant."""
+    (action,) = answer(QuotaStream(service()), report(({"rolling": "x"}, 1, 0)))
+    assert action.quota_assignment_action.rate_limit_strategy.blanket_rule == ALLOW_ALL
+    assert "rolling_from_first_hit" in caplog.text and "q.rolling" in caplog.text
 
 
 class DeadStore(MemoryBackend):
