@@ -331,7 +331,8 @@ def _set_weight(reply: pb.ProcessingResponse, weight: int) -> None:
     """`rls:hits` dynamic metadata, read by Envoy's ratelimit filter after ext_proc as
     `hits_addend: {format: "%DYNAMIC_METADATA(rls:hits)%"}`. Envoy keeps it only when the
     ext_proc filter lists the namespace in `metadata_options.receiving_namespaces.untyped`.
-    A string: the formatter prints a Struct number as a float ("7.0" would drop the
+    Sent as a decimal string, exact at any size (a whole Struct number worked as well on
+    Envoy 1.40; the formatter's output must be a non-negative integer or Envoy drops the
     descriptor)."""
     namespace = reply.dynamic_metadata.fields[WEIGHT_NAMESPACE].struct_value
     namespace.fields[WEIGHT_KEY].string_value = str(weight)
