@@ -12,8 +12,9 @@ The rules are defined here once, for the servicer and the tests:
   null, bool, array, object, a negative, fractional or huge number) falls back. The fallback is
   the body's size in bytes, so a client cannot make a request cheaper by sending something
   that is not the member. Every weight is at least 1: no request is free.
-- Key parts: each listed member's canonical JSON (sorted object keys, no spaces, \\uXXXX escapes), or
-  None when it is absent, so a missing member, `null` and `""` give three different keys.
+- Key parts: each listed member's canonical JSON (sorted object keys, no spaces, ASCII with
+  \\uXXXX escapes), or None when it is absent, so a missing member, `null` and `""` give three
+  different keys.
 """
 
 from __future__ import annotations
