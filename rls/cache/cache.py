@@ -309,6 +309,8 @@ class ResponseCache:
                     "ttl": r.ttl,
                     "max_entry_bytes": r.max_entry_bytes,
                     "statuses": sorted(r.statuses),
+                    "key_fields": list(r.key.fields),
+                    "hits_from": r.hits_from,
                 }
                 for r in self.config.rules
             ],
