@@ -609,11 +609,10 @@ def smoke(demo: Demo) -> list[str]:
           f"then {statuses[-1]})")
     if not demo.cache:  # envoy/gateway-cache.yaml does not enable_retry_after_header
         check("retry-after" in r.headers, "the 429 carries retry-after")
-    if demo.cache:  # config/cache.yaml `hits_from: json:payload`: the member's length
-        body = json.dumps({"payload": "x" * 5000, "requestId": time.time_ns()}).encode()
-        what = "a JSON payload of 5000 characters"
-    else:  # envoy/gateway.yaml: %BYTES_RECEIVED%
-        body, what = b"x" * 5000, "5000 bytes"
+    # --cache: config/cache.yaml `hits_from: json:payload`; else %BYTES_RECEIVED% (gateway.yaml)
+    body, what = ((json.dumps({"payload": "x" * 5000, "id": time.time_ns()}).encode(),
+                   "a JSON payload of 5000 characters") if demo.cache
+                  else (b"x" * 5000, "5000 bytes"))
     r = request(demo.listener, "POST", "/translate", bob, body)
     check(r.status == 200, f"bob POST /translate with {what} -> 200 (got {r.status})")
     query = json.dumps({"domain": "gateway", "descriptors": [

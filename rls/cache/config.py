@@ -295,20 +295,7 @@ def _rule(file: str, index: int, doc: Any, api_attribute: str) -> CacheRule:
     unknown_length = doc.get("unknown_length", "skip")
     if unknown_length not in ("skip", "buffer"):
         raise fail("'unknown_length' must be skip (default) or buffer")
-    key = _key(file, where, doc.get("key"))
-    if "key_fields" in doc:
-        if key.body:
-            raise fail("'key_fields' keys on members of the body: drop key 'body: true'")
-        fields = _members(file, f"{where}: 'key_fields'", doc["key_fields"])
-        key = replace(key, fields=fields)
-    hits_from = doc.get("hits_from")
-    if hits_from is not None:
-        if not isinstance(hits_from, str) or not hits_from.startswith(HITS_FROM_PREFIX):
-            raise fail("'hits_from' must be json:MEMBER (a top-level member of a JSON body)")
-        hits_from = _member(file, f"{where}: 'hits_from'",
-                            hits_from.removeprefix(HITS_FROM_PREFIX))
-    max_json = _size(file, f"{where}: 'max_json_bytes'",
-                     doc.get("max_json_bytes", DEFAULT_MAX_JSON))
+    key, hits_from, max_json = _json_options(file, where, doc, _key(file, where, doc.get("key")))
     return CacheRule(
         api=api,
         match=match,
@@ -322,6 +309,28 @@ def _rule(file: str, index: int, doc: Any, api_attribute: str) -> CacheRule:
         hits_from=hits_from,
         max_json_bytes=max_json,
     )
+
+
+def _json_options(
+    file: str, where: str, doc: dict[Any, Any], key: KeySpec
+) -> tuple[KeySpec, str | None, int]:
+    """`key_fields` (folded into the key), `hits_from` (the member name) and `max_json_bytes`."""
+    if "key_fields" in doc:
+        if key.body:
+            raise ConfigError(
+                file, f"{where}: 'key_fields' keys on members of the body: drop key 'body: true'"
+            )
+        key = replace(key, fields=_members(file, f"{where}: 'key_fields'", doc["key_fields"]))
+    hits_from = doc.get("hits_from")
+    if hits_from is not None:
+        if not isinstance(hits_from, str) or not hits_from.startswith(HITS_FROM_PREFIX):
+            raise ConfigError(file, f"{where}: 'hits_from' must be json:MEMBER "
+                                    "(a top-level member of a JSON body)")
+        hits_from = _member(file, f"{where}: 'hits_from'",
+                            hits_from.removeprefix(HITS_FROM_PREFIX))
+    max_json = _size(file, f"{where}: 'max_json_bytes'",
+                     doc.get("max_json_bytes", DEFAULT_MAX_JSON))
+    return key, hits_from, max_json
 
 
 def _member(file: str, where: str, name: Any) -> str:
