@@ -475,6 +475,11 @@ def banner(demo: Demo) -> str:
         "| grep -i '^x-cache'; done\n"
         f"  curl -s -X POST -H 'content-type: application/json' -d '{{}}' "
         f"'{demo.admin_url}/cache/purge?api=items'\n"
+        "  # translation keyed on the JSON members api, extraKey, payload (id is not part of\n"
+        "  # the key: MISS then HIT) and charged 5 (the payload's length) only on the MISS\n"
+        "  for i in 1 2; do curl -si -H 'x-api-key: " + bob + "' -d '{\"api\": \"en2fr\", "
+        "\"extraKey\": \"t1\", \"payload\": \"hello\", \"id\": '$i'}' "
+        f"{gw}/translate | grep -i '^x-cache'; done\n"
     )
     return f"""
 rls demo is running (logs in {demo.workdir})
@@ -604,9 +609,12 @@ def smoke(demo: Demo) -> list[str]:
           f"then {statuses[-1]})")
     if not demo.cache:  # envoy/gateway-cache.yaml does not enable_retry_after_header
         check("retry-after" in r.headers, "the 429 carries retry-after")
-    body = b"x" * 5000
+    # --cache: config/cache.yaml `hits_from: json:payload`; else %BYTES_RECEIVED% (gateway.yaml)
+    body, what = ((json.dumps({"payload": "x" * 5000, "id": time.time_ns()}).encode(),
+                   "a JSON payload of 5000 characters") if demo.cache
+                  else (b"x" * 5000, "5000 bytes"))
     r = request(demo.listener, "POST", "/translate", bob, body)
-    check(r.status == 200, f"bob POST /translate with 5000 bytes -> 200 (got {r.status})")
+    check(r.status == 200, f"bob POST /translate with {what} -> 200 (got {r.status})")
     query = json.dumps({"domain": "gateway", "descriptors": [
         {"entries": [{"key": "api", "value": "translate"}, {"key": "user", "value": "bob"}]}]})
     conn = http.client.HTTPConnection("127.0.0.1", demo.http, timeout=5)
@@ -617,7 +625,7 @@ def smoke(demo: Demo) -> list[str]:
     finally:
         conn.close()
     used = [limit["used"] for limit in answer["results"][0]["limits"]]
-    check(used == [5000], f"rls charged the body size: used {used} (admin /counters)")
+    check(used == [5000], f"rls charged {what}: used {used} (admin /counters)")
     if demo.cache:
         page = f"/items?page=smoke-{time.time_ns()}"
         first = request(demo.listener, "GET", page, bob)

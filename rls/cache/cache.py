@@ -22,7 +22,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,9 +100,10 @@ class ResponseCache:
     # ------------------------------------------------------------------ keys and versions
 
     def request_key(
-        self, rule: CacheRule, method: str, headers: Headers, body: bytes
+        self, rule: CacheRule, method: str, headers: Headers, body: bytes,
+        members: Sequence[bytes | None] = (),
     ) -> RequestKey:
-        return RequestKey(rule, request_digest(rule, method, headers, body), headers)
+        return RequestKey(rule, request_digest(rule, method, headers, body, members), headers)
 
     async def version(self, api: str) -> str:
         cached = self._versions.get(api)
@@ -308,6 +309,8 @@ class ResponseCache:
                     "ttl": r.ttl,
                     "max_entry_bytes": r.max_entry_bytes,
                     "statuses": sorted(r.statuses),
+                    "key_fields": list(r.key.fields),
+                    "hits_from": r.hits_from,
                 }
                 for r in self.config.rules
             ],

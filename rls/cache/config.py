@@ -8,7 +8,7 @@ list of rules or a mapping with `rules:` plus process-wide options (see `TOP_LEV
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -65,10 +65,17 @@ RULE_KEYS = frozenset(
         "statuses",
         "vary",
         "unknown_length",
+        "key_fields",
+        "hits_from",
+        "max_json_bytes",
     }
 )
 MATCH_KEYS = frozenset({"header", "attribute", "value"})
 KEY_KEYS = frozenset({"api", "path", "extra_key_header", "headers", "query", "body"})
+DEFAULT_MAX_JSON = 64 * 1024  # the example gateway's buffer filter max_request_bytes
+MAX_KEY_FIELDS = 32
+_MEMBER_MAX = 256  # bytes of one JSON member name in key_fields / hits_from
+HITS_FROM_PREFIX = "json:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,12 @@ class KeySpec:
     headers: tuple[str, ...] = ()
     query: bool = False
     body: bool = False
+    # `key_fields`: these top-level members of a JSON body, in this order, instead of the body
+    fields: tuple[str, ...] = ()
+
+    @property
+    def needs_body(self) -> bool:
+        return self.body or bool(self.fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +122,16 @@ class CacheRule:
     # A response without Content-Length (chunked) is buffered for storing only when true:
     # Envoy answers 500 when such a body outgrows its stream buffer limit.
     buffer_unknown_length: bool = False
+    # `hits_from: json:NAME`: the request's weight for Envoy's ratelimit filter comes from this
+    # top-level member of a JSON body (rls/cache/jsonbody.py), sent back as dynamic metadata.
+    hits_from: str | None = None
+    # Largest body parsed as JSON for `key_fields` / `hits_from` (bigger: the documented rule).
+    max_json_bytes: int = DEFAULT_MAX_JSON
+
+    @property
+    def needs_body(self) -> bool:
+        """Whether the servicer must ask Envoy for the request body."""
+        return self.key.needs_body or self.hits_from is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,17 +295,62 @@ def _rule(file: str, index: int, doc: Any, api_attribute: str) -> CacheRule:
     unknown_length = doc.get("unknown_length", "skip")
     if unknown_length not in ("skip", "buffer"):
         raise fail("'unknown_length' must be skip (default) or buffer")
+    key, hits_from, max_json = _json_options(file, where, doc, _key(file, where, doc.get("key")))
     return CacheRule(
         api=api,
         match=match,
         methods=frozenset(methods),
-        key=_key(file, where, doc.get("key")),
+        key=key,
         ttl=ttl,
         max_entry_bytes=max_entry,
         statuses=frozenset(statuses),
         vary=vary,
         buffer_unknown_length=unknown_length == "buffer",
+        hits_from=hits_from,
+        max_json_bytes=max_json,
     )
+
+
+def _json_options(
+    file: str, where: str, doc: dict[Any, Any], key: KeySpec
+) -> tuple[KeySpec, str | None, int]:
+    """`key_fields` (folded into the key), `hits_from` (the member name) and `max_json_bytes`."""
+    if "key_fields" in doc:
+        if key.body:
+            raise ConfigError(
+                file, f"{where}: 'key_fields' keys on members of the body: drop key 'body: true'"
+            )
+        key = replace(key, fields=_members(file, f"{where}: 'key_fields'", doc["key_fields"]))
+    hits_from = doc.get("hits_from")
+    if hits_from is not None:
+        if not isinstance(hits_from, str) or not hits_from.startswith(HITS_FROM_PREFIX):
+            raise ConfigError(file, f"{where}: 'hits_from' must be json:MEMBER "
+                                    "(a top-level member of a JSON body)")
+        hits_from = _member(file, f"{where}: 'hits_from'",
+                            hits_from.removeprefix(HITS_FROM_PREFIX))
+    max_json = _size(file, f"{where}: 'max_json_bytes'",
+                     doc.get("max_json_bytes", DEFAULT_MAX_JSON))
+    return key, hits_from, max_json
+
+
+def _member(file: str, where: str, name: Any) -> str:
+    if not isinstance(name, str) or not name or len(name.encode()) > _MEMBER_MAX:
+        raise ConfigError(file, f"{where}: a JSON member name of 1-{_MEMBER_MAX} bytes")
+    return name
+
+
+def _members(file: str, where: str, doc: Any) -> tuple[str, ...]:
+    if not isinstance(doc, list) or not 1 <= len(doc) <= MAX_KEY_FIELDS:
+        raise ConfigError(
+            file, f"{where} must be a list of 1-{MAX_KEY_FIELDS} JSON member names"
+        )
+    out: list[str] = []
+    for name in doc:
+        name = _member(file, where, name)
+        if name in out:
+            raise ConfigError(file, f"{where}: duplicate member {name!r}")
+        out.append(name)
+    return tuple(out)
 
 
 def _match(file: str, where: str, doc: Any, api: str, api_attribute: str) -> Match:

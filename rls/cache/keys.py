@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rls.cache.config import CacheConfig, CacheRule
@@ -83,8 +83,15 @@ def _part(h: Any, tag: bytes, value: bytes | None) -> None:
         h.update(value)
 
 
-def request_digest(rule: CacheRule, method: str, headers: Headers, body: bytes) -> bytes:
-    """SHA-256 of the rule's key parts for this request (method always included)."""
+def request_digest(
+    rule: CacheRule, method: str, headers: Headers, body: bytes,
+    members: Sequence[bytes | None] = (),
+) -> bytes:
+    """SHA-256 of the rule's key parts for this request (method always included).
+
+    `members`: with `key_fields`, each listed JSON member's canonical bytes in the listed order,
+    None when absent (rls/cache/jsonbody.py), each part tagged with its member name.
+    """
     h = hashlib.sha256()
     _part(h, b"M", method.encode())
     path = headers.get(":path") or b""
@@ -100,6 +107,12 @@ def request_digest(rule: CacheRule, method: str, headers: Headers, body: bytes) 
         _part(h, b"H" + name.encode(), headers.get(name))
     if key.body:
         _part(h, b"B", body)
+    if key.fields:
+        if len(members) != len(key.fields):
+            raise ValueError("one value (or None) per key_fields member")
+        for name, value in zip(key.fields, members, strict=True):
+            _part(h, b"F", name.encode())
+            _part(h, b"J", value)
     return h.digest()
 
 

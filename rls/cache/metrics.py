@@ -19,12 +19,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from rls.cache.jsonbody import WEIGHT_SOURCES as WEIGHT_SOURCES  # the `source` label values
+
 BYPASS_REASONS = (
     "no_rule",  # no rule selects the request's API
     "method",  # the API has a rule, the method is not listed
     "request_no_store",  # request Cache-Control: no-store
     "request_no_cache",  # request Cache-Control: no-cache: lookup skipped, the response stored
     "partial_request_body",  # the request body did not arrive whole
+    "not_json",  # key_fields: the request body is not one JSON object
+    "json_too_large",  # key_fields: the request body is over the rule's max_json_bytes
     "store_error",  # lookup failed or timed out: the request went upstream uncached
     "store_down",  # the store is marked down after repeated errors; not even tried
     "status",
@@ -121,6 +125,12 @@ class CacheMetrics:
             "Store round trips of one lookup (version and entry reads; no coalescing wait)",
             buckets=(0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
             registry=r,
+        )
+        self.weights = Counter(
+            "rls_cache_weights",
+            "Request weights sent to Envoy for hits_from rules, by source: the JSON member, or "
+            "why the body size was used instead",
+            ["api", "source"], registry=r,
         )
         for reason in BYPASS_REASONS:
             self.bypasses.labels(reason)

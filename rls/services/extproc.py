@@ -55,6 +55,7 @@ from prometheus_client import CollectorRegistry
 from rls.cache.cache import Fill, RequestKey, ResponseCache
 from rls.cache.config import CacheConfig, CacheRule, load_cache_config
 from rls.cache.entry import Entry, cache_control, never_store_reason, storable_headers, vary_names
+from rls.cache.jsonbody import Body, body_weight, key_members
 from rls.cache.keys import Headers, select_rule
 from rls.cache.metrics import CacheMetrics
 from rls.cache.store import create_store
@@ -65,6 +66,7 @@ log = logging.getLogger("rls.cache")
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 ATTRIBUTES = "envoy.filters.http.ext_proc"
 DETAILS = "served_from_cache"
+WEIGHT_NAMESPACE, WEIGHT_KEY = "rls", "hits"  # %DYNAMIC_METADATA(rls:hits)%
 
 _PM = processing_mode_pb2.ProcessingMode
 # Asked for at request time: response headers only. The body is opted into from the reply to
@@ -89,6 +91,7 @@ class _Stream:
     method: str = ""
     headers: Headers | None = None
     skip_read: bool = False
+    pending_bypass: str | None = None  # decided at request_headers, applied once the body is in
     rk: RequestKey | None = None
     fill: Fill | None = None
     status: int = 0
@@ -177,26 +180,57 @@ class ExtProcService:
         if rule is None:
             return self._bypass(st, reason, "request_headers")
         directives = cache_control(headers)
-        if "no-store" in directives:
-            return self._bypass(st, "request_no_store", "request_headers")
         st.rule, st.method, st.headers = rule, method, headers
+        if "no-store" in directives:
+            st.pending_bypass = "request_no_store"
         st.skip_read = "no-cache" in directives
-        if rule.key.body and not msg.end_of_stream:
+        # A bypassed request still needs its weight: hits_from does not depend on caching.
+        wants_body = rule.hits_from is not None if st.pending_bypass else rule.needs_body
+        if wants_body and not msg.end_of_stream:
             st.phase = "body"
             reply = _empty("request_headers")
             reply.mode_override.CopyFrom(REQUEST_BODY_AND_RESPONSE_HEADERS)
             return reply, None
-        return await self._lookup(st, b"", "request_headers", ask)
+        return await self._with_body(st, b"", True, "request_headers", ask)
 
     async def _request_body(self, st: _Stream, msg: pb.HttpBody, ask: AskForTime) -> Reply:
-        if not msg.end_of_stream:
-            return self._bypass(st, "partial_request_body", "request_body")
-        return await self._lookup(st, msg.body, "request_body", ask)
+        return await self._with_body(st, msg.body, msg.end_of_stream, "request_body", ask)
 
-    async def _lookup(self, st: _Stream, body: bytes, kind: str, ask: AskForTime) -> Reply:
+    async def _with_body(
+        self, st: _Stream, data: bytes, complete: bool, kind: str, ask: AskForTime
+    ) -> Reply:
+        """Decide once the body is known (empty when the request has none), and attach the
+        request's weight for Envoy's ratelimit filter when the rule has `hits_from`."""
+        assert st.rule is not None
+        rule = st.rule
+        body = Body(data, complete, rule.max_json_bytes)
+        reply, job = await self._decide(st, body, kind, ask)
+        if rule.hits_from is not None:
+            weight, source = body_weight(body, rule.hits_from)
+            self.metrics.weights.labels(rule.api, source).inc()
+            _set_weight(reply, weight)
+        return reply, job
+
+    async def _decide(self, st: _Stream, body: Body, kind: str, ask: AskForTime) -> Reply:
+        assert st.rule is not None
+        if st.pending_bypass is not None:
+            return self._bypass(st, st.pending_bypass, kind)
+        if not body.complete:
+            return self._bypass(st, "partial_request_body", kind)
+        members: tuple[bytes | None, ...] = ()
+        if st.rule.key.fields:
+            members, failure = key_members(body, st.rule.key.fields)
+            if failure is not None:
+                return self._bypass(st, failure, kind)
+        return await self._lookup(st, body.data, members, kind, ask)
+
+    async def _lookup(
+        self, st: _Stream, body: bytes, members: tuple[bytes | None, ...], kind: str,
+        ask: AskForTime,
+    ) -> Reply:
         assert st.rule is not None and st.headers is not None
         rule = st.rule
-        rk = self.cache.request_key(rule, st.method, st.headers, body)
+        rk = self.cache.request_key(rule, st.method, st.headers, body, members)
         if st.skip_read:
             self.metrics.bypasses.labels("request_no_cache").inc()
         result = await self.cache.lookup(rk, on_wait=ask, skip_read=st.skip_read)
@@ -291,6 +325,17 @@ class ExtProcService:
         if kind == "request_headers":
             reply.mode_override.CopyFrom(RESPONSE_HEADERS)
         return reply, None
+
+
+def _set_weight(reply: pb.ProcessingResponse, weight: int) -> None:
+    """`rls:hits` dynamic metadata, read by Envoy's ratelimit filter after ext_proc as
+    `hits_addend: {format: "%DYNAMIC_METADATA(rls:hits)%"}`. Envoy keeps it only when the
+    ext_proc filter lists the namespace in `metadata_options.receiving_namespaces.untyped`.
+    Sent as a decimal string, exact at any size (a whole Struct number worked as well on
+    Envoy 1.40; the formatter's output must be a non-negative integer or Envoy drops the
+    descriptor)."""
+    namespace = reply.dynamic_metadata.fields[WEIGHT_NAMESPACE].struct_value
+    namespace.fields[WEIGHT_KEY].string_value = str(weight)
 
 
 def _marked(kind: str, value: bytes) -> pb.ProcessingResponse:

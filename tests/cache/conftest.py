@@ -46,9 +46,18 @@ version_cache_ms: 0        # read the namespace version on every lookup
 store_timeout_ms: 300      # CI machines are shared: well above a loaded store's latency, and
                            # well below the test gateway's 2 s message_timeout
 rules:
+- api: translate_fields    # the translate route, when the client sends x-key-fields
+  match: {header: x-key-fields}
+  methods: [POST]
+  key: {extra_key_header: x-cache-key}
+  key_fields: [api, extraKey, payload]
+  hits_from: json:payload
+  max_json_bytes: 64KiB
+  max_entry_bytes: 64KiB
 - api: translate
   methods: [POST]
   key: {extra_key_header: x-cache-key, body: true}
+  hits_from: json:payload
   ttl: 7d
   max_entry_bytes: 64KiB   # the buffer filter's limit for requests with a body
 - api: items

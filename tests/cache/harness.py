@@ -115,8 +115,7 @@ class Backend:
 # --------------------------------------------------------------------------- rls side
 
 
-def _rate_limit_ok(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-    return rls_pb2.RateLimitResponse(overall_code=rls_pb2.RateLimitResponse.OK).SerializeToString()
+_OK = rls_pb2.RateLimitResponse(overall_code=rls_pb2.RateLimitResponse.OK).SerializeToString()
 
 
 class CacheServer:
@@ -132,6 +131,8 @@ class CacheServer:
         self.cache: ResponseCache
         self.grpc_port = 0
         self.admin_port = 0
+        # What Envoy's ratelimit filters asked the stub (hits_addend included), in order.
+        self.rate_limit_requests: list[rls_pb2.RateLimitRequest] = []
         self.run(self._start(str(cache_config), store_url), timeout=15)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 10) -> T:
@@ -143,7 +144,7 @@ class CacheServer:
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 << 20)])
         stub = grpc.method_handlers_generic_handler(
             "envoy.service.ratelimit.v3.RateLimitService",
-            {"ShouldRateLimit": grpc.unary_unary_rpc_method_handler(_rate_limit_ok)},
+            {"ShouldRateLimit": grpc.unary_unary_rpc_method_handler(self._rate_limit_ok)},
         )
         self.server.add_generic_rpc_handlers((self.servicer.handler(), stub))
         self.grpc_port = self.server.add_insecure_port("127.0.0.1:0")
@@ -155,6 +156,10 @@ class CacheServer:
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
         self.admin_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def _rate_limit_ok(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self.rate_limit_requests.append(rls_pb2.RateLimitRequest.FromString(request))
+        return _OK
 
     @property
     def admin_url(self) -> str:

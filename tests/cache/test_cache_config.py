@@ -182,7 +182,10 @@ def test_shipped_example_is_valid() -> None:
     config = load_cache_config(str(ROOT / "config" / "cache.yaml"))
     translate = next(r for r in config.rules if r.api == "translate")
     assert translate.methods == {"POST"}
-    assert translate.key.extra_key_header == "x-cache-key" and translate.key.body
+    # DESIGN §9.1: keyed on API + client extra key + payload, charged by the payload's length
+    assert translate.key.fields == ("api", "extraKey", "payload") and not translate.key.body
+    assert translate.hits_from == "payload"
+    assert translate.max_json_bytes <= 65536
     assert translate.ttl == 7 * 86400
     # within the buffer filter's 64 KiB stream limit of envoy/gateway-cache.yaml
     assert translate.max_entry_bytes <= 65536
