@@ -26,6 +26,7 @@ from rls.config.yaml_source import (
     render,
 )
 from rls.core.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+from rls.core.algorithms.registry import BURST_ALGORITHMS
 from rls.core.limits import WINDOW_ALIGNED, WINDOW_ROLLING, WINDOWS
 from rls.memo import BoundedCache
 
@@ -432,8 +433,6 @@ class DomainParser:
                 return
             raise self.fail(f"'{path}': window {WINDOW_ROLLING} {why}", where)
 
-
-BURST_ALGORITHMS = ("token_bucket", "leaky_bucket", "gcra")
 
 
 def distinct_metric_keys(limits: list[Limit], path: str) -> None:

@@ -16,19 +16,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
+from rls.core.algorithms.registry import ALGORITHM_NAMES, BURST_ALGORITHMS
 from rls.core.model import Check, Verdict
 from rls.stores.redis import RedisBackend
 
-ALGORITHMS = (
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "token_bucket",
-    "leaky_bucket",
-    "gcra",
-    "concurrency",
-)
-BUCKETS = ("token_bucket", "leaky_bucket", "gcra")
+ALGORITHMS = ALGORITHM_NAMES  # from the registry: a new algorithm is replayed too
+BUCKETS = BURST_ALGORITHMS
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: a whole UTC day, realistic magnitudes
 STALL_MS = 800  # below rls's GRACE_MS of 1000, with room for the call itself
 ATTEMPTS = 3

@@ -28,6 +28,7 @@ import pytest
 from redis_topologies.servers import ClusterTopology, start_cluster
 
 from rls.config.model import Limit, Unit
+from rls.core.algorithms.registry import ALGORITHM_NAMES
 from rls.core.model import NEGATIVE, Check, Verdict
 from rls.engine.fallback import FallbackLimiter
 from rls.metrics import Metrics
@@ -37,8 +38,7 @@ from rls.stores.redis import RedisBackend
 pytestmark = pytest.mark.redis
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: every window of these tests starts here
-ALGORITHMS = ("fixed_window", "sliding_window", "sliding_log", "token_bucket", "leaky_bucket",
-              "gcra", "concurrency")
+ALGORITHMS = ALGORITHM_NAMES  # every registered algorithm, a new one included
 _RUN = uuid.uuid4().hex[:8]
 _SEQ = itertools.count()
 
