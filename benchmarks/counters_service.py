@@ -1,16 +1,23 @@
 """Counters service throughput and latency (issue 17): `rls.counters.v1` over gRPC on Redis.
 
-Starts its own redis-server and one `rls serve` process (free loopback ports) and measures:
-1. BatchAdd of 30 items with 100 concurrent callers (closed loop): items/s, p50/p99 per batch;
-2. single Add with 100 concurrent callers (closed loop): the peak calls/s;
-3. single Add, then single Get, paced at half that peak (open loop, latency counted from each
-   call's scheduled start so queueing is not hidden): p50/p99.
-Every phase is bounded in time; the whole run takes about `--seconds` x 4 plus start-up.
+Starts its own redis-server and one `rls serve` process (free loopback ports) and measures,
+with h2load as the load generator (a C client, so the 2 shared cores go to rls and Redis, not
+to a Python client):
+1. BatchAdd of 30 items, 100 concurrent calls (h2load -c 4 -m 25, closed loop): items/s and
+   per-batch p50/p99;
+2. single Add, 100 concurrent calls (closed loop): the peak calls/s;
+3. single Add, then single Get, paced at half that peak (h2load --rps over 4 connections):
+   p50/p99 per call. h2load counts latency from each request's send, so a point whose achieved
+   rate falls short of the offered one by more than 5 % is marked `saturated`;
+4. the same paced Add/Get from a Python grpc.aio client in open loop (latency from each call's
+   scheduled start, so queueing is never hidden) as a cross-check of 3.
+Every call must succeed (h2load: HTTP 200 for every request; the server's own counters
+`rls_counters_requests_total` by code, scraped before and after, show no error).
 
-    python benchmarks/counters_service.py --seconds 8
+    python benchmarks/counters_service.py [--seconds 8]
 
 Targets (issue 17): >= 20,000 items/s per process in batches of 30, p99 < 50 ms at 100
-callers; single Add/Get p99 < 5 ms at half of peak. The client runs on the same 2 cores.
+callers; single Add/Get p99 < 5 ms at half of peak.
 """
 
 from __future__ import annotations
@@ -18,17 +25,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import start_redis, start_rls, workdir, write_config
+from _common import (
+    RlsProc,
+    h2load,
+    latency_stats,
+    start_redis,
+    start_rls,
+    workdir,
+    write_config,
+    write_frame,
+    write_results,
+)
 
 from rls.counters.proto import counters_pb2 as pb
 
@@ -98,35 +115,90 @@ async def open_loop(call, bodies: list[bytes], rate: float, seconds: float):
     return lat, errors
 
 
-async def run(addr: str, seconds: float, callers: int) -> None:
+async def python_open_loop(addr: str, seconds: float, rate: float) -> dict[str, float]:
+    """Add then Get at `rate`/s from grpc.aio, latency from each call's scheduled start."""
+    out: dict[str, float] = {}
     async with grpc.aio.insecure_channel(addr) as channel:
-        batch_add = channel.unary_unary(SERVICE + "BatchAdd")
-        add = channel.unary_unary(SERVICE + "Add")
-        get = channel.unary_unary(SERVICE + "Get")
-        rnd = random.Random(1)
-        batches = [
-            pb.BatchRequest(items=[item(rnd.randrange(KEYS)) for _ in range(30)])
-            .SerializeToString()
-            for _ in range(500)
-        ]
         singles = [item(i).SerializeToString() for i in range(KEYS)]
-        await closed_loop(batch_add, batches, 10, 1.0)  # warm-up
+        for name in ("Add", "Get"):
+            call = channel.unary_unary(SERVICE + name)
+            lat, err = await open_loop(call, singles, rate, seconds)
+            out[f"{name} p50 ms"], out[f"{name} p99 ms"] = pct(lat, .5), pct(lat, .99)
+            out[f"{name} errors"] = err
+    return out
 
-        lat, err = await closed_loop(batch_add, batches, callers, seconds)
-        print(f"BatchAdd x30, {callers} callers: {len(lat) * 30 / seconds:,.0f} items/s "
-              f"({len(lat) / seconds:,.0f} batches/s), p50 {pct(lat, .5):.1f} ms, "
-              f"p99 {pct(lat, .99):.1f} ms, errors {err}")
 
-        lat, err = await closed_loop(add, singles, callers, seconds)
-        peak = len(lat) / seconds
-        print(f"Add, {callers} callers: peak {peak:,.0f} calls/s, p50 {pct(lat, .5):.1f} ms, "
-              f"p99 {pct(lat, .99):.1f} ms, errors {err}")
+def body_file(d: Path, name: str, message: bytes) -> Path:
+    return write_frame(d / f"{name}.bin", message)
 
-        for name, call in (("Add", add), ("Get", get)):
-            lat, err = await open_loop(call, singles, peak / 2, seconds)
-            print(f"{name} at half of peak ({peak / 2:,.0f}/s): p50 {pct(lat, .5):.2f} ms, "
-                  f"p99 {pct(lat, .99):.2f} ms, mean {statistics.fmean(lat) * 1000:.2f} ms, "
-                  f"errors {err}")
+
+def counter_errors(rls: RlsProc) -> float:
+    """Counter items the server did not answer fresh from the store: failed writes and reads
+    (`unavailable`) and reads answered from the last known value (`stale`)."""
+    return sum(v for (name, labels), v in rls.metrics().items()
+               if name == "rls_counters_items_total" and dict(labels).get("code") != "ok")
+
+
+def measure(rls: RlsProc, seconds: float, callers: int, d: Path) -> dict[str, Any]:
+    rnd = random.Random(1)
+    batch = body_file(d, "batch", pb.BatchRequest(
+        items=[item(rnd.randrange(KEYS)) for _ in range(30)]).SerializeToString())
+    add = body_file(d, "add", item(7).SerializeToString())
+    get = body_file(d, "get", item(7).SerializeToString())
+    url = f"http://127.0.0.1:{rls.grpc_port}{SERVICE}"
+    clients, streams = 4, max(1, callers // 4)
+    results: dict[str, Any] = {}
+    errors_before = counter_errors(rls)
+    h2load(url + "BatchAdd", batch, clients=clients, streams=streams, duration=1.0,
+           log_dir=d).check()  # warm-up
+    res = h2load(url + "BatchAdd", batch, clients=clients, streams=streams, duration=seconds,
+                 label="BatchAdd x30", log_dir=d)
+    res.check()
+    lat = latency_stats(res.latencies_us)
+    results["batch"] = {"items_per_s": res.rps * 30, "batches_per_s": res.rps, **lat}
+    print(f"BatchAdd x30, {clients * streams} concurrent: {res.rps * 30:,.0f} items/s "
+          f"({res.rps:,.0f} batches/s), p50 {lat['p50_ms']:.1f} ms, "
+          f"p99 {lat['p99_ms']:.1f} ms", flush=True)
+    res = h2load(url + "Add", add, clients=clients, streams=streams, duration=seconds,
+                 label="Add peak", log_dir=d)
+    res.check()
+    peak = res.rps
+    lat = latency_stats(res.latencies_us)
+    results["add_peak"] = {"calls_per_s": peak, **lat}
+    print(f"Add, {clients * streams} concurrent: peak {peak:,.0f} calls/s, "
+          f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms", flush=True)
+    for name, body in (("Add", add), ("Get", get)):
+        res = h2load(url + name, body, clients=4, streams=64, duration=seconds,
+                     rps_per_client=max(1.0, peak / 2 / 4), label=f"{name} at half", log_dir=d)
+        res.check()
+        lat = latency_stats(res.latencies_us)
+        saturated = res.rps < 0.95 * peak / 2
+        results[f"{name.lower()}_half"] = {"offered": peak / 2, "achieved": res.rps,
+                                           "saturated": saturated, **lat}
+        print(f"{name} at half of peak ({peak / 2:,.0f}/s offered, {res.rps:,.0f}/s achieved"
+              f"{', SATURATED' if saturated else ''}): p50 {lat['p50_ms']:.2f} ms, "
+              f"p99 {lat['p99_ms']:.2f} ms, mean {lat['mean_ms']:.2f} ms", flush=True)
+    cross = asyncio.run(python_open_loop(rls.grpc_addr, seconds, peak / 2))
+    results["python_open_loop"] = cross
+    print("cross-check, Python open loop at half of peak: " + ", ".join(
+        f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in cross.items()),
+        flush=True)
+    results["server_errors"] = counter_errors(rls) - errors_before
+    print(f"calls the server answered with an error: {results['server_errors']:g}")
+    return results
+
+
+def verdicts(r: dict[str, Any]) -> list[tuple[str, float, bool]]:
+    return [
+        ("BatchAdd items/s >= 20,000", r["batch"]["items_per_s"],
+         r["batch"]["items_per_s"] >= 20_000),
+        ("BatchAdd p99 ms < 50 at 100 concurrent", r["batch"]["p99_ms"],
+         r["batch"]["p99_ms"] < 50),
+        ("Add p99 ms < 5 at half of peak", r["add_half"]["p99_ms"],
+         r["add_half"]["p99_ms"] < 5 and not r["add_half"]["saturated"]),
+        ("Get p99 ms < 5 at half of peak", r["get_half"]["p99_ms"],
+         r["get_half"]["p99_ms"] < 5 and not r["get_half"]["saturated"]),
+    ]
 
 
 def main() -> None:
@@ -139,7 +211,14 @@ def main() -> None:
     config = write_config(log_dir / "config")
     rls = start_rls(config, log_dir, redis.url)
     try:
-        asyncio.run(run(rls.grpc_addr, args.seconds, args.callers))
+        results = measure(rls, args.seconds, args.callers, log_dir)
+        checks = verdicts(results)
+        print("\nperformance targets")
+        for what, value, ok in checks:
+            print(f"{'PASS' if ok and not results['server_errors'] else 'FAIL'}  {what}: "
+                  f"{value:,.2f}")
+        write_results("counters_service", {"results": results, "targets": [
+            {"target": w, "measured": v, "pass": ok} for w, v, ok in checks]}, quick=False)
     finally:
         rls.stop()
         redis.stop()

@@ -4,7 +4,8 @@
 --          the window suffix appended here stays in the declared key's slot).
 -- ARGV[1]  "a" add, "g" get
 -- ARGV[2]  now in ms, "" to use the store's clock (TIME): calendar bounds follow the store
--- ARGV[3]  pub/sub channel for hot-key invalidation, "" for none (Add publishes each base key)
+-- ARGV[3]  pub/sub channel prefix for hot-key invalidation, "" for none (Add publishes on
+--          <prefix><base key>: only replicas caching that counter subscribe to it)
 -- ARGV[4]  calendar bound sets "b0,b1,b2,b3;b0,…": edges of the previous, current and next
 --          windows computed from the caller's clock; the store picks the one holding its time
 -- ARGV[5]  one spec per key, ";"-separated: "c,hits,set,h" (calendar, index of its bound set)
@@ -98,7 +99,7 @@ for kind, hits, arg, hashed in string.gmatch(ARGV[5], "(%a),(%d+),(%d+),(%d)") d
     end
   end
   if add and code == 0 and channel ~= "" then
-    redis.call("PUBLISH", channel, base)
+    redis.call("PUBLISH", channel .. base, "")
   end
   out[#out + 1] = code
   out[#out + 1] = freq

@@ -8,10 +8,13 @@ unknown (ttl 0).
 
 HotKeys — Get calls are counted per counter each second; the top N above a threshold are
 "hot", and their answers are served from memory for at most `ttl_ms` (≤ 1 s). An Add through
-this replica updates the entry at once; an Add through another replica publishes the counter
-on Redis pub/sub and every replica drops its entry when the message arrives. Consistency: a
-hot Get may miss Adds made elsewhere for the pub/sub delivery time, and for at most `ttl_ms`
-if a message is lost (e.g. the subscription was reconnecting).
+this replica updates the entry at once; every Add publishes on the counter's own pub/sub
+channel (`<channel><counter>`), and each replica subscribes to the channels of its hot counters
+only, so a message is sent and parsed only where someone caches that counter (a channel nobody
+listens to costs Redis a hash lookup, and rls nothing). With invalidation on, a counter's answer
+is cached only once its channel is subscribed. Consistency: a hot Get may miss Adds made
+elsewhere for the pub/sub delivery time, and for at most `ttl_ms` if a message is lost (e.g.
+the subscription was reconnecting).
 """
 
 from __future__ import annotations
@@ -85,6 +88,9 @@ class HotKeys:
         self._counts: dict[str, int] = {}
         self._second = int(clock())
         self.hot: frozenset[str] = frozenset()
+        # Counters whose invalidations reach us (subscribed channels); None: no other replica
+        # can change them (memory store), every hot counter may be cached.
+        self.watched: frozenset[str] | None = None
         self._answers: dict[str, tuple[float, int, float]] = {}  # key -> (at, freq, ttl end)
 
     @property
@@ -123,7 +129,7 @@ class HotKeys:
 
     def store(self, ident: str, result: Result) -> None:
         """Keep a store answer of a hot counter (called after Get and after a local Add)."""
-        if ident in self.hot:
+        if ident in self.hot and (self.watched is None or ident in self.watched):
             now = self._clock()
             self._answers[ident] = (now, result.freq, now + result.ttl_ms / 1000)
 
@@ -132,31 +138,48 @@ class HotKeys:
 
 
 async def follow_invalidations(
-    client: Any, channel: str, hot: HotKeys, on_message: Callable[[], None] | None = None
+    client: Any, channel: str, hot: HotKeys, on_message: Callable[[], None] | None = None,
+    poll_s: float = 0.1,
 ) -> None:
-    """Drop hot entries other replicas changed (Redis pub/sub); reconnects on errors, and
-    clears every entry after a gap (messages may have been missed)."""
+    """Subscribe to the channels of this replica's hot counters (following the hot set within
+    `poll_s`) and drop entries other replicas changed; reconnects on errors, and clears every
+    entry after a gap (messages may have been missed)."""
+    idle = channel + "\x00idle"  # always subscribed: redis-py reads only while subscribed
     while True:
         pubsub = client.pubsub(ignore_subscribe_messages=True)
+        watched: frozenset[str] = frozenset()
+        hot.watched = watched
         try:
-            await pubsub.subscribe(channel)
+            await pubsub.subscribe(idle)
             hot._answers.clear()
             while True:
-                msg = await pubsub.get_message(timeout=1.0)
+                want = hot.hot
+                if want != watched:
+                    gone, new = watched - want, want - watched
+                    hot.watched = watched = watched & want  # stop caching the cold ones first
+                    if gone:
+                        await pubsub.unsubscribe(*(channel + k for k in gone))
+                    if new:
+                        await pubsub.subscribe(*(channel + k for k in new))
+                    hot.watched = watched = want  # subscribed: their changes reach us now
+                msg = await pubsub.get_message(timeout=poll_s)
                 if msg is None:
                     continue
-                data = msg.get("data")
-                if isinstance(data, bytes):
-                    data = data.decode("utf-8", "surrogateescape")
-                hot.invalidate(data)
+                name = msg.get("channel")
+                if isinstance(name, bytes):
+                    name = name.decode("utf-8", "surrogateescape")
+                if isinstance(name, str) and name.startswith(channel):
+                    hot.invalidate(name[len(channel):])
                 if on_message is not None:
                     on_message()
         except asyncio.CancelledError:
+            hot.watched = frozenset()
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
             raise
         except Exception as exc:  # store away: resubscribe shortly
             log.debug("counters invalidation subscription lost: %s", exc)
+            hot.watched = frozenset()
             hot._answers.clear()
             with contextlib.suppress(Exception):
                 await pubsub.aclose()

@@ -77,7 +77,7 @@ class CountersService:
         client = getattr(backend, "client", None)
         if client is None:
             return cls(MemoryCounterStore(prefix), config, registry, prefix)
-        channel = f"{prefix}counters:changed" if config.hot_top_n > 0 else ""
+        channel = f"{prefix}counters:changed:" if config.hot_top_n > 0 else ""
         store = RedisCounterStore(
             client,
             prefix,

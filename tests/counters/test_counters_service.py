@@ -300,7 +300,7 @@ async def test_hot_key_served_locally_and_invalidated_by_other_replicas_add(redi
     """Replica A caches a hot counter; replica B's Add publishes it and A drops the entry."""
     cfg = CountersConfig(hot_top_n=10, hot_threshold=1, hot_ttl_ms=1000)
     ca, cb = aioredis.from_url(redis_url), aioredis.from_url(redis_url)
-    channel = "rl:counters:changed"
+    channel = "rl:counters:changed:"
     a = CountersService(RedisCounterStore(ca, channel=channel), cfg, CollectorRegistry(),
                         subscriber=ca)
     b = CountersService(RedisCounterStore(cb, channel=channel), cfg, CollectorRegistry())
@@ -313,7 +313,14 @@ async def test_hot_key_served_locally_and_invalidated_by_other_replicas_add(redi
         a.hot._second = 1000
         for _ in range(5):
             await a.get([it])
-        clock[0] = 1001.0  # next second: the counter is hot now
+        clock[0] = 1001.0  # next second: the counter is hot now…
+        await a.get([it])
+        ident = it.base_key("rl:")
+        for _ in range(500):  # …and cached once its invalidation channel is subscribed
+            if a.hot.watched and ident in a.hot.watched:
+                break
+            await asyncio.sleep(0.01)
+        assert a.hot.watched is not None and ident in a.hot.watched
         (first,) = await a.get([it])  # from the store, remembered
         await ca.delete(*(await ca.keys("rl:c*")))  # the store changes behind our back…
         (cached,) = await a.get([it])
@@ -350,3 +357,39 @@ async def test_redis_batch_of_30_is_one_script_call(redis_url):
         assert "cmdstat_hincrby" in stats  # the script did the work
     finally:
         await client.aclose()
+
+
+async def test_adds_to_counters_nobody_caches_send_no_invalidation(redis_url):
+    """Invalidations go per counter channel: a replica caching nothing receives nothing, however
+    many Adds other replicas make (each used to parse one message per Add of every replica)."""
+    cfg = CountersConfig(hot_top_n=10, hot_threshold=1, hot_ttl_ms=1000)
+    ca, cb = aioredis.from_url(redis_url), aioredis.from_url(redis_url)
+    channel = "rl:counters:changed:"
+    a = CountersService(RedisCounterStore(ca, channel=channel), cfg, CollectorRegistry(),
+                        subscriber=ca)
+    b = CountersService(RedisCounterStore(cb, channel=channel), cfg, CollectorRegistry())
+    await a.start()
+    try:
+        for _ in range(100):  # until A's subscription is up: its idle channel is listed
+            if await cb.pubsub_numsub(channel + "\x00idle") == [(
+                    (channel + "\x00idle").encode(), 1)]:
+                break
+            await asyncio.sleep(0.01)
+        await b.add([make_item(cfg, "d", f"cold{i}", 1, "hour") for i in range(30)])
+        # a marker A does subscribe to shows that anything sent before it was delivered
+        marker = make_item(cfg, "d", "marker", 1, "hour")
+        a.hot.hot = frozenset({marker.base_key("rl:")})
+        for _ in range(500):
+            if a.hot.watched and marker.base_key("rl:") in a.hot.watched:
+                break
+            await asyncio.sleep(0.01)
+        await b.add([marker])
+        for _ in range(500):
+            if a.metrics.invalidations._value.get() >= 1:
+                break
+            await asyncio.sleep(0.01)
+        assert a.metrics.invalidations._value.get() == 1  # the marker's, none for the 30
+    finally:
+        await a.close()
+        await ca.aclose()
+        await cb.aclose()
