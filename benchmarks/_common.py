@@ -593,6 +593,88 @@ def h2load(url: str, body_file: Path, *, clients: int, streams: int,
     return res
 
 
+@dataclass
+class PacedResult:
+    label: str
+    offered_rps: float
+    achieved_rps: float
+    errors: int
+    latencies_us: list[float] = field(repr=False, default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {"label": self.label, "offered_rps": round(self.offered_rps, 1),
+                "achieved_rps": round(self.achieved_rps, 1), "errors": self.errors,
+                **latency_stats(self.latencies_us)}
+
+
+PACED_PER_PROCESS = 1500  # calls/s one paced client process sends on time (measured here)
+
+
+def _paced_worker(addr: str, method: str, bodies: Sequence[bytes], rate: float, n: int,
+                  start_at: float) -> tuple[list[float], int]:
+    """One client process: call i starts at start_at + i / rate (time.time clock, shared by
+    the processes); latencies in µs from each scheduled start."""
+    import asyncio
+
+    import grpc
+
+    async def run() -> tuple[list[float], int]:
+        lat: list[float] = []
+        errors = 0
+        async with grpc.aio.insecure_channel(addr) as channel:
+            call = channel.unary_unary(method)
+            await call(bodies[0], timeout=5)  # connected before the clock starts
+            tasks = []
+
+            async def one(at: float, body: bytes) -> None:
+                nonlocal errors
+                try:
+                    await call(body, timeout=5)
+                except grpc.RpcError:
+                    errors += 1
+                    return
+                lat.append((time.time() - at) * 1e6)
+
+            for i in range(n):
+                at = start_at + i / rate
+                delay = at - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.ensure_future(one(at, bodies[i % len(bodies)])))
+            await asyncio.gather(*tasks)
+        return lat, errors
+
+    return asyncio.run(run())
+
+
+def paced(addr: str, method: str, bodies: Sequence[bytes], rate: float, seconds: float,
+          label: str = "") -> PacedResult:
+    """Open loop at a steady `rate` calls/s: calls start evenly spaced, and each latency counts
+    from the call's scheduled start, so a server (or client) that falls behind shows as latency
+    instead of a slower send rate. One client process per PACED_PER_PROCESS calls/s (grpc.aio
+    in one process cannot send more on time), their schedules interleaved.
+
+    Why not `h2load --rps`: h2load paces with a coarse timer and sends each tick's share at
+    once, measured here at ~20 requests in the same millisecond every 10 ms for 2,000/s over 4
+    connections (and every client's tick aligned with more connections), so its latencies
+    measure those bursts queueing, not a steady load. These clients cost CPU on the same cores;
+    they do so equally for every server measured."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    procs = max(1, -(-int(rate) // PACED_PER_PROCESS))
+    each = rate / procs
+    n = max(1, int(each * seconds))
+    start_at = time.time() + 1.0 + 0.2 * procs  # every process started and connected
+    with ProcessPoolExecutor(procs) as pool:
+        futures = [pool.submit(_paced_worker, addr, method, list(bodies), each, n,
+                               start_at + k / rate) for k in range(procs)]
+        parts = [f.result() for f in futures]
+    elapsed = time.time() - start_at
+    lat = [x for part, _ in parts for x in part]
+    errors = sum(e for _, e in parts)
+    return PacedResult(label, rate, n * procs / max(elapsed, 1e-9), errors, lat)
+
+
 def parse_h2load(out: str, label: str) -> H2Result:
     import re
 

@@ -3,9 +3,9 @@
 For the floor (benchmarks/floor_server.py: the same grpc.aio server with an empty handler, so
 the part of the latency that is grpc.aio itself), rls with the memory backend and rls with
 Redis: first the peak (h2load closed loop, like
-rls_throughput.py), then h2load paced with `--rps` (per client; `--clients` connections, enough
-streams that a slow answer does not hold back the next send) at each rate. Latency is per call,
-from h2load's per-request log: mean, p50, p99, p99.9. A point whose achieved rate falls short
+rls_throughput.py), then a steady open loop at each rate (`_common.paced`: call i starts at
+i / rate, latency from that scheduled start; h2load's `--rps` sends in bursts, see `paced`).
+Latency is per call: mean, p50, p99, p99.9. A point whose achieved rate falls short
 of the offered one by more than 5 % is marked `saturated` (its latencies then measure queueing).
 
 Every rls point (and each server's peak) carries the calls answered by the failure mode during
@@ -30,6 +30,7 @@ from _common import (
     failure_mode_answers,
     fm_cell,
     h2load,
+    paced,
     print_targets,
     request_bytes,
     start_floor,
@@ -53,7 +54,6 @@ def main() -> None:
     parser.add_argument("--peak-duration", type=float, default=4.0)
     parser.add_argument("--rates", default="1000,half",
                         help="comma list of calls/s; 'half' = half of the measured peak")
-    parser.add_argument("--clients", type=int, default=4, help="h2load -c for the paced runs")
     parser.add_argument("--rls-arg", action="append", default=[], metavar="ARG",
                         help="extra `rls serve` argument, repeatable; default: none")
     args = parser.parse_args()
@@ -90,29 +90,29 @@ def main() -> None:
                          else (f"{float(r):g}/s", float(r)))
         for label, rate in rates:
             before = rls.metrics() if is_rls else {}
-            res = h2load(url, body, clients=args.clients, streams=64, duration=args.duration,
-                         rps_per_client=max(1.0, rate / args.clients), label=f"{name} {label}",
-                         log_dir=d)
-            res.check()
+            res = paced(rls.grpc_addr, METHOD, [req], rate, args.duration,
+                        label=f"{name} {label}")
             fm = failure_mode_answers(before, rls.metrics()) if is_rls else None
             if label == "half of peak" and fm is not None and peak_fm is not None:
                 fm = fm + peak_fm  # the rate itself comes from the peak run
             s = res.summary()
-            saturated = res.rps < 0.95 * rate
+            # short of the offered rate, or calls that timed out: the clients and the server
+            # together did not keep up on these cores (a point that measures queueing)
+            saturated = res.achieved_rps < 0.95 * rate or res.errors > 0
             entry: dict[str, Any] = {
                 "server": name, "point": label, "offered_rps": round(rate, 1),
-                "achieved_rps": round(res.rps, 1), "peak_rps": round(peak.rps, 1),
-                "saturated": saturated,
+                "achieved_rps": round(res.achieved_rps, 1), "peak_rps": round(peak.rps, 1),
+                "saturated": saturated, "client_errors": res.errors,
                 **(fm.json() if fm is not None else {"failure_mode_answers": None,
                                                      "valid": True}),
                 "peak_failure_mode_answers": None if peak_fm is None else peak_fm.count,
                 "latency": {k: s[k] for k in s if k.endswith("_ms") or k == "n"},
             }
             out.append(entry)
-            rows.append([name, label, rate, res.rps, s["mean_ms"], s["p50_ms"], s["p99_ms"],
-                         s["p999_ms"], s["max_ms"], "yes" if saturated else "no",
+            rows.append([name, label, rate, res.achieved_rps, s["mean_ms"], s["p50_ms"],
+                         s["p99_ms"], s["p999_ms"], s["max_ms"], "yes" if saturated else "no",
                          fm_cell(fm), validity(fm)])
-            print(f"{res.label}: offered {rate:.0f}/s achieved {res.rps:.0f}/s "
+            print(f"{res.label}: offered {rate:.0f}/s achieved {res.achieved_rps:.0f}/s "
                   f"p99 {s['p99_ms']} ms, failure-mode answers {fm_cell(fm)}", flush=True)
             if not is_rls:
                 continue
@@ -125,7 +125,7 @@ def main() -> None:
                 targets.append(target_result(f"{name}: mean < 1 ms at 1,000 calls/s (ms)",
                                              s["mean_ms"], s["mean_ms"] < 1 and not saturated,
                                              fm, note))
-    title = (f"Latency at fixed offered load: h2load --rps over {args.clients} connections, "
+    title = (f"Latency at fixed offered load: steady open loop (benchmarks/_common.py `paced`), "
              f"{args.duration:g} s per point, 3-descriptor request (allowed)")
     text = table(["server", "point", "offered/s", "achieved/s", "mean ms", "p50 ms", "p99 ms",
                   "p99.9 ms", "max ms", "saturated", "failure-mode answers", "valid"], rows,
