@@ -1,4 +1,4 @@
-"""`rls demo` (rls/demo.py) as a user runs it, in a subprocess, on free ports.
+"""`rls demo` (rls/demo/) as a user runs it, in a subprocess, on free ports.
 
 - `--smoke`: backend + `rls serve` (config/, memory backend) + Envoy (envoy/gateway.yaml) come
   up, and requests through Envoy behave: 401 without a key, 30 calls per minute then 429 with
@@ -26,6 +26,8 @@ import pytest
 from support.net import connectable
 
 from rls.demo import DemoError, find_envoy
+from rls.demo.cli import _parser
+from rls.demo.paths import default_envoy_config, repo_root
 
 from .helpers import ROOT
 
@@ -132,3 +134,15 @@ def test_envoy_lookup_names_the_wheel_when_nothing_is_found(tmp_path, monkeypatc
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
     assert find_envoy() == str(fake)  # next to the interpreter first
+
+
+def test_default_files_resolve_to_the_checkout_from_any_working_directory(tmp_path, monkeypatch):
+    # rls/demo/ is a package: its defaults are found relative to the package's place, not the
+    # working directory (a wrong parents[] depth would fall back to the cwd silently).
+    monkeypatch.chdir(tmp_path)
+    assert repo_root() == ROOT
+    assert _parser().parse_args([]).config == str(ROOT / "config")
+    for cache, quota, name in ((False, False, "gateway.yaml"), (True, False, "gateway-cache.yaml"),
+                               (False, True, "gateway-rlqs.yaml")):
+        path = default_envoy_config(cache=cache, quota=quota)
+        assert path == ROOT / "envoy" / name and path.is_file()
