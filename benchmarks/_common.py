@@ -184,18 +184,23 @@ def spawn(cmd: Sequence[str], name: str, log_dir: Path, env: dict[str, str] | No
     return proc
 
 
-def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
+def installed(command: str, package: str) -> str:
+    """The path of `command`; installed with apt-get (as root) when missing, as CI does."""
+    found = shutil.which(command)
     if found:
         return found
     if os.geteuid() == 0 and shutil.which("apt-get"):
         subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "redis-server"], check=True,
+        subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True,
                        capture_output=True)
-        found = shutil.which("redis-server")
+        found = shutil.which(command)
         if found:
             return found
-    raise SystemExit("redis-server is not installed (apt-get install redis-server)")
+    raise SystemExit(f"{command} is not installed (apt-get install {package})")
+
+
+def redis_server_binary() -> str:
+    return installed("redis-server", "redis-server")
 
 
 @dataclass
@@ -511,17 +516,7 @@ def metric_sum(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], na
 
 
 def h2load_binary() -> str:
-    found = shutil.which("h2load")
-    if found:
-        return found
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "nghttp2-client"], check=True,
-                       capture_output=True)
-        found = shutil.which("h2load")
-        if found:
-            return found
-    raise SystemExit("h2load is not installed (apt-get install nghttp2-client)")
+    return installed("h2load", "nghttp2-client")
 
 
 @dataclass

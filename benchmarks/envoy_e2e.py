@@ -34,7 +34,6 @@ import copy
 import importlib.util
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ from _common import (
     FailureModeAnswers,
     failure_mode_answers,
     fm_cell,
+    installed,
     median,
     metric_sum,
     print_targets,
@@ -103,16 +103,7 @@ end
 
 
 def wrk_binary() -> str:
-    found = shutil.which("wrk")
-    if found:
-        return found
-    if shutil.which("apt-get"):
-        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True, capture_output=True)
-        found = shutil.which("wrk")
-        if found:
-            return found
-    raise SystemExit("wrk is not installed (apt-get install wrk)")
+    return installed("wrk", "wrk")
 
 
 def http_filters(config: dict[str, Any]) -> list[dict[str, Any]]:
