@@ -27,6 +27,7 @@ SCRIPTS = (
     "engine_compare",
     "redis_cost",
     "envoy_e2e",
+    "counters_service",
     "soak",
     "profile_rls",
 )
