@@ -191,7 +191,11 @@ def _parser() -> argparse.ArgumentParser:
                 help=f"{text} (default {shown}; env {_env_names(name)})",
             )
     check = sub.add_parser("check-config", help="validate descriptor files and directories")
-    check.add_argument("paths", nargs="+", help="descriptor or cache rules files, directories")
+    check.add_argument("paths", nargs="*", help="descriptor or cache rules files, directories")
+    check.add_argument(
+        "--config", action="append", default=[], metavar="PATH", dest="config_paths",
+        help="same as a path argument (as `rls serve --config`); repeatable",
+    )
     check.add_argument(
         "--merge-domains", action="store_true",
         help="allow one domain to span several files (default off)",
@@ -367,9 +371,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rls.demo import main as demo_main
 
         return demo_main(argv[1:], prog="rls demo")
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command == "check-config":
-        return check_config(args.paths, args.merge_domains, args.strict)
+        paths = [*args.paths, *args.config_paths]
+        if not paths:
+            parser.error("check-config: give the files or directories to check "
+                         "(paths, or --config PATH)")
+        return check_config(paths, args.merge_domains, args.strict)
     if args.command in ("counters", "usage", "switches", "cache"):
         return _admin_command(args)
     if args.command == "top":

@@ -102,3 +102,13 @@ def test_missing_path_fails(tmp_path: Path) -> None:
     result = check_config(tmp_path / "does-not-exist.yaml")
     assert result.returncode == 1
     assert str(tmp_path / "does-not-exist.yaml") in result.stderr
+
+
+def test_config_flag_works_like_serve_s(tmp_path: Path) -> None:
+    """`rls check-config --config PATH`, as a user of `rls serve --config PATH` types it."""
+    good = check_config("--config", good_copy(tmp_path))
+    assert good.returncode == 0, good.stderr
+    bad = check_config("--config", BAD)
+    assert bad.returncode == 1 and bad.stderr
+    nothing = check_config()
+    assert nothing.returncode == 2 and "--config PATH" in nothing.stderr
