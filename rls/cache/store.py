@@ -19,7 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -28,10 +28,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-if TYPE_CHECKING:
-    from rls.stores.redis import connect
 from rls.cache.metrics import CacheMetrics
-from rls.stores.redis import connect
+from rls.stores.connect import connect
 
 T = TypeVar("T")
 

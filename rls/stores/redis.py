@@ -1,10 +1,8 @@
 """Redis counters: one EVALSHA per request covering all of its checks (one round trip).
 
 redis-py's Script object does EVALSHA and reloads the script on NOSCRIPT by itself, so a
-restarted or flushed Redis needs no handling here. URLs:
-- `redis://[[user]:password@]host:port/db`, `rediss://…` (TLS), `unix:///path?db=N`;
-- `redis+sentinel://[[user]:password@]host:port[,host:port…]/service_name[/db]`;
-- `redis+cluster://[[user]:password@]host:port[,host:port…]`.
+restarted or flushed Redis needs no handling here. The URL schemes (standalone, TLS, unix,
+Sentinel, Cluster) and the client built for each are `rls/stores/connect.py`'s job.
 
 Cluster: keys carry no hash tag, so counters spread over all slots. A request whose keys share
 one slot is decided atomically in one call. A request spanning slots is decided in two steps:
@@ -20,19 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
-import redis
-import redis.asyncio as aioredis
-import redis.cluster
-import redis.sentinel
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
     AuthenticationError,
     MaxConnectionsError,
@@ -50,6 +41,7 @@ from rls.core.model import NEGATIVE, Check, Outcome, Verdict
 from rls.core.usage import UsageOp
 from rls.stores.base import BackendError, StoreDown
 from rls.stores.breaker import CircuitBreaker
+from rls.stores.connect import connect
 from rls.stores.pipelining import ScriptBatcher
 from rls.stores.scripts import CHECK, LEAN_CHECK, decide_script, lean_script
 from rls.stores.scripts import lean_verdict as _lean_verdict
@@ -63,126 +55,6 @@ def _queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
         else:
             pipe.incr(key)
         pipe.pexpire(key, ttl_ms)
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return parts._replace(netloc=user + netloc).geturl()
-
-
-def _hosts(netloc: str) -> list[tuple[str, int]]:
-    hosts = []
-    for item in netloc.rsplit("@", 1)[-1].split(","):
-        host, _, port = item.rpartition(":")
-        hosts.append((host.strip("[]") or "127.0.0.1", int(port or 6379)))
-    return hosts
-
-
-TLS_QUERY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
-
-
-def _tls_options(secure: bool, query: dict[str, str]) -> dict[str, Any]:
-    """TLS settings for the Sentinel and Cluster clients from the URL query (`rediss://` reads
-    them itself): `?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none…`."""
-    if not secure:
-        return {}
-    tls: dict[str, Any] = {"ssl": True}
-    for name in TLS_QUERY:
-        if name in query:
-            tls[name] = query[name]
-    reqs = tls.get("ssl_cert_reqs")
-    if reqs is not None:
-        tls["ssl_cert_reqs"] = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL}.get(
-            reqs, ssl.CERT_REQUIRED
-        )
-    if "ssl_check_hostname" in tls:
-        tls["ssl_check_hostname"] = tls["ssl_check_hostname"].lower() in ("1", "true", "yes")
-    return tls
-
-
-def connect(
-    url: str,
-    timeout_s: float,
-    connect_timeout_s: float,
-    pool_size: int,
-    sync: bool = False,
-    pool_timeout_s: float | None = None,
-    retry: Any = None,
-) -> Any:
-    """A redis-py client for any supported URL scheme: asyncio, or blocking with `sync` (the
-    health probe's own connection, used from a thread). The one connector of rls: counters,
-    the response cache and the counters service all connect through it, so each gets
-    standalone, TLS, Sentinel and Cluster alike.
-
-    `pool_timeout_s`: how long a call waits for a free pooled connection (default: the larger
-    of 1 s and the socket timeout); `retry`: redis-py Retry for connection errors (standalone
-    and Sentinel; Cluster has its own retries)."""
-    ns_redis: Any
-    ns_pool: Any
-    ns_sentinel: Any
-    ns_cluster: Any
-    ns_node: Any
-    if sync:
-        ns_redis, ns_pool = redis.Redis, redis.BlockingConnectionPool
-        ns_sentinel, ns_cluster, ns_node = (
-            redis.sentinel.Sentinel, redis.cluster.RedisCluster, redis.cluster.ClusterNode
-        )
-    else:
-        ns_redis, ns_pool = aioredis.Redis, aioredis.BlockingConnectionPool
-        ns_sentinel, ns_cluster, ns_node = Sentinel, RedisCluster, ClusterNode
-    common: dict[str, Any] = {
-        "socket_timeout": timeout_s,
-        "socket_connect_timeout": connect_timeout_s,
-    }
-    parts = urlsplit(url)
-    scheme = parts.scheme
-    auth: dict[str, Any] = {
-        "username": unquote(parts.username) if parts.username else None,
-        "password": unquote(parts.password) if parts.password else None,
-    }
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    tls = _tls_options(scheme.startswith("rediss"), query)
-    if scheme in ("redis", "rediss", "unix"):
-        # A blocking pool waits (up to the call's deadline) for a free connection; the default
-        # pool raises "Too many connections" at once when more calls are in flight than
-        # connections.
-        pool = ns_pool.from_url(
-            url,
-            max_connections=pool_size,
-            timeout=pool_timeout_s if pool_timeout_s is not None else max(1.0, timeout_s),
-            retry_on_timeout=False,
-            **({"retry": retry} if retry is not None else {}),
-            **common,
-        )
-        return ns_redis(connection_pool=pool)
-    if scheme in ("redis+sentinel", "rediss+sentinel"):
-        path = [p for p in parts.path.split("/") if p]
-        if not path:
-            raise ValueError("redis+sentinel:// URL needs a service name: …/service_name[/db]")
-        service, db = path[0], int(path[1]) if len(path) > 1 else 0
-        sentinel = ns_sentinel(
-            _hosts(parts.netloc),
-            sentinel_kwargs={**common, **tls},
-            retry_on_timeout=False,
-            **common,
-            **tls,
-        )
-        return sentinel.master_for(
-            service, db=db, max_connections=pool_size,
-            **({"retry": retry} if retry is not None else {}), **auth, **common, **tls
-        )
-    if scheme in ("redis+cluster", "rediss+cluster"):
-        # RedisCluster takes no retry_on_timeout; its own retries are turned off instead.
-        nodes = [ns_node(h, p) for h, p in _hosts(parts.netloc)]
-        return ns_cluster(
-            startup_nodes=nodes, max_connections=pool_size, **auth, **common, **tls
-        )
-    raise ValueError(f"unsupported Redis URL scheme {scheme!r}")
 
 
 class StoreRejected(BackendError):

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-import rls.stores.redis as redis_backend
+import rls.stores.connect as redis_connect
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
 from rls.metrics import Metrics
@@ -119,7 +119,7 @@ class RlsTarget:
             await channel.close()
 
 
-class _ClusterWithoutRetryOnTimeout(redis_backend.RedisCluster):
+class _ClusterWithoutRetryOnTimeout(redis_connect.RedisCluster):
     """Test-only: accepts and drops `retry_on_timeout` (see the module docstring)."""
 
     def __init__(self, *args: Any, retry_on_timeout: Any = None, **kwargs: Any) -> None:
@@ -178,7 +178,7 @@ async def open_target(request, fresh_cluster: ClusterTopology, rls_factory, tmp_
             rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), fresh_cluster.url)
             t: Any = RlsTarget(rls)
         else:
-            monkeypatch.setattr(redis_backend, "RedisCluster", _ClusterWithoutRetryOnTimeout)
+            monkeypatch.setattr(redis_connect, "RedisCluster", _ClusterWithoutRetryOnTimeout)
             t = InProcessTarget(fresh_cluster.url)
             await t.backend.start()  # as `rls serve` does: loads the slot map first
         opened.append(t)

@@ -1,0 +1,184 @@
+"""Redis URLs into redis-py clients: the one connector of rls.
+
+It stands apart from the rate-limit store (`rls/stores/redis.py`) because three parts connect
+through it: the rate-limit store (and the counters service, which runs on that store's client)
+and the response cache's Redis store. Keeping it in one place means each gets standalone, TLS,
+Sentinel and Cluster alike, with the same timeouts and pool rules. URLs:
+- `redis://[[user]:password@]host:port/db`, `rediss://…` (TLS), `unix:///path?db=N`;
+- `redis+sentinel://[[user]:password@]host:port[,host:port…]/service_name[/db]`;
+- `redis+cluster://[[user]:password@]host:port[,host:port…]`.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+import redis.cluster
+import redis.sentinel
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
+
+STANDALONE_SCHEMES = ("redis", "rediss", "unix")
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+TLS_QUERY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return parts._replace(netloc=user + netloc).geturl()
+
+
+def _hosts(netloc: str) -> list[tuple[str, int]]:
+    hosts = []
+    for item in netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = item.rpartition(":")
+        hosts.append((host.strip("[]") or "127.0.0.1", int(port or 6379)))
+    return hosts
+
+
+def _tls_options(secure: bool, query: dict[str, str]) -> dict[str, Any]:
+    """TLS settings for the Sentinel and Cluster clients from the URL query (`rediss://` reads
+    them itself): `?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none…`."""
+    if not secure:
+        return {}
+    tls: dict[str, Any] = {"ssl": True}
+    for name in TLS_QUERY:
+        if name in query:
+            tls[name] = query[name]
+    reqs = tls.get("ssl_cert_reqs")
+    if reqs is not None:
+        tls["ssl_cert_reqs"] = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL}.get(
+            reqs, ssl.CERT_REQUIRED
+        )
+    if "ssl_check_hostname" in tls:
+        tls["ssl_check_hostname"] = tls["ssl_check_hostname"].lower() in ("1", "true", "yes")
+    return tls
+
+
+def _auth(parts: SplitResult) -> dict[str, Any]:
+    """The URL's user and password, unquoted, as client keywords (None when absent)."""
+    return {
+        "username": unquote(parts.username) if parts.username else None,
+        "password": unquote(parts.password) if parts.password else None,
+    }
+
+
+def _retry(retry: Any) -> dict[str, Any]:
+    """The `retry` keyword only when one is given, so redis-py keeps its own default."""
+    return {"retry": retry} if retry is not None else {}
+
+
+def connect(
+    url: str,
+    timeout_s: float,
+    connect_timeout_s: float,
+    pool_size: int,
+    sync: bool = False,
+    pool_timeout_s: float | None = None,
+    retry: Any = None,
+) -> Any:
+    """A redis-py client for any supported URL scheme: asyncio, or blocking with `sync` (the
+    health probe's own connection, used from a thread). The one connector of rls: counters,
+    the response cache and the counters service all connect through it, so each gets
+    standalone, TLS, Sentinel and Cluster alike.
+
+    `pool_timeout_s`: how long a call waits for a free pooled connection (default: the larger
+    of 1 s and the socket timeout); `retry`: redis-py Retry for connection errors (standalone
+    and Sentinel; Cluster has its own retries)."""
+    common: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": connect_timeout_s,
+    }
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    if scheme in STANDALONE_SCHEMES:
+        timeout = pool_timeout_s if pool_timeout_s is not None else max(1.0, timeout_s)
+        return _standalone(url, pool_size, timeout, retry, common, sync)
+    auth = _auth(parts)
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    tls = _tls_options(scheme.startswith("rediss"), query)
+    if scheme in SENTINEL_SCHEMES:
+        return _sentinel(parts, pool_size, retry, auth, common, tls, sync)
+    if scheme in CLUSTER_SCHEMES:
+        return _cluster(parts, pool_size, auth, common, tls, sync)
+    raise ValueError(f"unsupported Redis URL scheme {scheme!r}")
+
+
+def _standalone(
+    url: str,
+    pool_size: int,
+    pool_timeout_s: float,
+    retry: Any,
+    common: dict[str, Any],
+    sync: bool,
+) -> Any:
+    """`redis://`, `rediss://` (redis-py reads the TLS query itself) and `unix://`."""
+    pool_class: Any = redis.BlockingConnectionPool if sync else aioredis.BlockingConnectionPool
+    client_class: Any = redis.Redis if sync else aioredis.Redis
+    # A blocking pool waits (up to the call's deadline) for a free connection; the default
+    # pool raises "Too many connections" at once when more calls are in flight than
+    # connections.
+    pool = pool_class.from_url(
+        url,
+        max_connections=pool_size,
+        timeout=pool_timeout_s,
+        retry_on_timeout=False,
+        **_retry(retry),
+        **common,
+    )
+    return client_class(connection_pool=pool)
+
+
+def _sentinel(
+    parts: SplitResult,
+    pool_size: int,
+    retry: Any,
+    auth: dict[str, Any],
+    common: dict[str, Any],
+    tls: dict[str, Any],
+    sync: bool,
+) -> Any:
+    """`redis+sentinel://hosts/service_name[/db]`: the master's client, found via Sentinel."""
+    sentinel_class: Any = redis.sentinel.Sentinel if sync else Sentinel
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise ValueError("redis+sentinel:// URL needs a service name: …/service_name[/db]")
+    service, db = path[0], int(path[1]) if len(path) > 1 else 0
+    sentinel = sentinel_class(
+        _hosts(parts.netloc),
+        sentinel_kwargs={**common, **tls},
+        retry_on_timeout=False,
+        **common,
+        **tls,
+    )
+    return sentinel.master_for(
+        service, db=db, max_connections=pool_size, **_retry(retry), **auth, **common, **tls
+    )
+
+
+def _cluster(
+    parts: SplitResult,
+    pool_size: int,
+    auth: dict[str, Any],
+    common: dict[str, Any],
+    tls: dict[str, Any],
+    sync: bool,
+) -> Any:
+    """`redis+cluster://host:port[,host:port…]`: a cluster client seeded with those nodes."""
+    cluster_class: Any = redis.cluster.RedisCluster if sync else RedisCluster
+    node_class: Any = redis.cluster.ClusterNode if sync else ClusterNode
+    # RedisCluster takes no retry_on_timeout; its own retries are turned off instead.
+    nodes = [node_class(h, p) for h, p in _hosts(parts.netloc)]
+    return cluster_class(
+        startup_nodes=nodes, max_connections=pool_size, **auth, **common, **tls
+    )
