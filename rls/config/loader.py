@@ -23,9 +23,9 @@ from typing import Any
 
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.model import Domain, Level, Node, RateLimitConfig
-from rls.config.parser import DomainParser, check_keys, line_of
+from rls.config.parser import DomainParser, check_keys
 from rls.config.usage_stats import parse_usage_stats
-from rls.config.yaml_source import YamlBudget, as_str, parse_yaml
+from rls.config.yaml_source import YamlBudget, as_str, line_of, parse_yaml
 from rls.core.keys import key_hash_problem
 
 CONFIG_SUFFIXES = (".yaml", ".yml")

@@ -2,32 +2,28 @@
 
 Validation mirrors envoyproxy/ratelimit (see reference/ratelimit-compat.md §1.3): a flat key
 whitelist checked at any depth (metadata excepted), then typed checks. Messages are the
-reference's so that operators grepping for them find the same text. Extensions of DESIGN §5
-are validated here too.
+reference's so that operators grepping for them find the same text. Each node's rate limit
+specs (with the extensions of DESIGN §5) are parsed by rls/config/limit_parser.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rls.config.errors import ConfigError, ConfigWarning
-from rls.config.model import MAX_WINDOW_SECONDS, UNIT_SECONDS, Level, Limit, Node, Unit
+from rls.config.limit_parser import LimitParser
+from rls.config.model import Level, Node
 from rls.config.yaml_source import (
     YamlBool,
     YamlMap,
     as_bool,
     as_list,
     as_str,
-    as_uint,
+    line_of,
     render,
 )
-from rls.core.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
-from rls.core.algorithms.registry import BURST_ALGORITHMS
-from rls.core.limits import WINDOW_ALIGNED, WINDOW_ROLLING, WINDOWS
 from rls.memo import BoundedCache
 
 REFERENCE_KEYS = frozenset(
@@ -77,13 +73,6 @@ def did_you_mean(key: str) -> str | None:
         folded = key.replace("_", "").replace("-", "").lower()
         close = [k for k in sorted(VALID_KEYS) if k.replace("_", "") == folded]
     return f"did you mean '{close[0]}'?" if close else None
-
-
-def line_of(mapping: Any, key: Any = None) -> int | None:
-    """Line of `key` in a mapping read by parse_yaml (or of the mapping itself); None if unknown."""
-    if isinstance(mapping, YamlMap):
-        return mapping.line_of(key) if key is not None else mapping.line
-    return None
 
 
 def node_part(raw: dict[Any, Any]) -> str:
@@ -169,14 +158,6 @@ def _check_keys(
         )
 
 
-def parse_unit(text: str) -> Unit | None:
-    try:
-        unit = Unit[text.upper()]
-    except KeyError:
-        return None
-    return None if unit is Unit.UNKNOWN else unit
-
-
 class DomainParser:
     """Builds the node tree of one file into an existing domain root (merging allowed)."""
 
@@ -187,6 +168,7 @@ class DomainParser:
         self.domain = domain
         # Things that load but are probably mistakes; errors under --strict.
         self.warnings: list[ConfigWarning] = [] if warnings is None else warnings
+        self.limits = LimitParser(file, self.warnings)
 
     def fail(self, message: str, field: str | None = None) -> ConfigError:
         return ConfigError(self.file, message, field=field)
@@ -232,13 +214,7 @@ class DomainParser:
         value = as_str(self.file, raw.get("value"), "value")
         composite = f"{key}_{value}" if value else key
         path = f"{parent_path}.{composite}"
-        share = as_bool(self.file, raw.get("share_threshold"), "share_threshold")
-        if share and "*" not in value:
-            raise self.fail(
-                "share_threshold can only be used with wildcard values (containing '*'), "
-                f"but found key '{composite}'",
-                field="share_threshold",
-            )
+        share = self._share_threshold(raw, value, composite)
         metadata = raw.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise self.fail("error parsing metadata: metadata must be a map", field="metadata")
@@ -246,48 +222,12 @@ class DomainParser:
         to_metric = as_bool(self.file, raw.get("value_to_metric"), "value_to_metric")
         shadow = as_bool(self.file, raw.get("shadow_mode"), "shadow_mode")
         quota = as_bool(self.file, raw.get("quota_mode"), "quota_mode")
-        specs: list[Any] = []
-        if raw.get("rate_limit") is not None:
-            specs.append(raw["rate_limit"])
-        specs.extend(as_list(self.file, raw.get("rate_limits"), "rate_limits"))
-        limits = []
-        single = raw.get("rate_limit") is not None
-        for index, spec in enumerate(specs):
-            where = "rate_limit" if single and not index else f"rate_limits[{index - single}]"
-            if not isinstance(spec, dict):
-                raise self.fail(
-                    "error loading config file: yaml: unmarshal errors: rate_limit must be a map",
-                    field="rate_limit" if where == "rate_limit" else "rate_limits",
-                )
-            try:
-                limits.append(self._limit(spec, path, shadow, quota, index))
-            except ConfigError as exc:
-                field = exc.field if exc.field in spec else None
-                raise exc.locate(line_of(spec, field), f"{path}.{where}") from None
-            if spec.get("requests_per_unit") is None and not limits[-1].unlimited:
-                self.warnings.append(
-                    ConfigWarning(
-                        self.file,
-                        "rate_limit without requests_per_unit: the limit is 0, "
-                        "every request is over it",
-                        line_of(spec),
-                        f"{path}.{where}",
-                    )
-                )
-        self._check_limit_set(limits, path)
-        if len(limits) > 1:
-            distinct_metric_keys(limits, path)
-        children = None
-        child_items = raw.get("descriptors")
-        if child_items:
-            kids: list[Node] = []
-            self.add_descriptors(kids, child_items, path)
-            children = Level.of(kids)
+        limits = self.limits.node_limits(raw, path, shadow, quota)
         return Node(
             key=key,
             value=value,
             limits=tuple(limits),
-            children=children,
+            children=self._children(raw, path),
             detailed_metric=detailed,
             value_to_metric=to_metric,
             share_threshold=share,
@@ -296,162 +236,25 @@ class DomainParser:
             pattern=wildcard_regex(value) if "*" in value else None,
         )
 
-    def _check_limit_set(self, limits: list[Limit], path: str) -> None:
-        if len(limits) > 1 and any(lim.unlimited for lim in limits):
-            raise self.fail(f"'{path}': unlimited cannot be combined with other rate limits")
-        seen: set[str] = set()
-        for lim in limits:
-            if lim.ident in seen:
-                raise self.fail(
-                    f"'{path}': two rate limits with the same algorithm and window; "
-                    "give one a different unit, unit_multiplier or algorithm"
-                )
-            seen.add(lim.ident)
-
-    def _limit(
-        self, spec: dict[str, Any], path: str, shadow: bool, quota: bool, index: int
-    ) -> Limit:
-        f = self.file
-        unlimited = as_bool(f, spec.get("unlimited"), "unlimited")
-        unit_text = as_str(f, spec.get("unit"), "unit")
-        unit = parse_unit(unit_text)
-        if unlimited:
-            if unit is not None:
-                raise self.fail("should not specify rate limit unit when unlimited", "unit")
-            unit = Unit.UNKNOWN
-        elif unit is None:
-            raise self.fail(f"invalid rate limit unit '{unit_text}'", "unit")
-        name = as_str(f, spec.get("name"), "name")
-        replaces: set[str] = set()
-        for entry in as_list(f, spec.get("replaces"), "replaces"):
-            rname = as_str(f, entry.get("name"), "name") if isinstance(entry, dict) else ""
-            if not rname:
-                raise self.fail("should not have an empty replaces entry", "replaces")
-            if rname == name:
-                raise self.fail("replaces should not contain name of same descriptor", "replaces")
-            replaces.add(rname)
-        algorithm = as_str(f, spec.get("algorithm"), "algorithm") or "fixed_window"
-        if algorithm not in ALGORITHMS:
+    def _share_threshold(self, raw: dict[str, Any], value: str, composite: str) -> bool:
+        """`share_threshold:` — one counter for every value a wildcard matches."""
+        share = as_bool(self.file, raw.get("share_threshold"), "share_threshold")
+        if share and "*" not in value:
             raise self.fail(
-                f"'{path}': unknown algorithm '{algorithm}' (one of {', '.join(ALGORITHMS)})"
+                "share_threshold can only be used with wildcard values (containing '*'), "
+                f"but found key '{composite}'",
+                field="share_threshold",
             )
-        multiplier = spec.get("unit_multiplier")
-        multiplier = 1 if multiplier is None else as_uint(f, multiplier, "unit_multiplier")
-        if multiplier < 1:
-            raise self.fail(f"'{path}': unit_multiplier must be at least 1")
-        if unit in UNIT_SECONDS and UNIT_SECONDS[unit] * multiplier > MAX_WINDOW_SECONDS:
-            raise self.fail(f"'{path}': unit x unit_multiplier is longer than 100 years")
-        burst = spec.get("burst")
-        burst = None if burst is None else as_uint(f, burst, "burst")
-        overdraft = as_uint(f, spec.get("overdraft"), "overdraft")
-        calendar = as_bool(f, spec.get("calendar"), "calendar")
-        rolling = self._rolling(spec, path)
-        timezone = as_str(f, spec.get("timezone"), "timezone") or "UTC"
-        if spec.get("timezone") is not None:
-            try:
-                ZoneInfo(timezone)
-            except (ZoneInfoNotFoundError, ValueError):
-                raise self.fail(f"'{path}': unknown timezone '{timezone}'") from None
-        self._check_extensions(
-            path, algorithm, burst, overdraft, calendar, rolling, spec, unit, unlimited
-        )
-        rpu = as_uint(f, spec.get("requests_per_unit"), "requests_per_unit")
-        if overdraft > rpu:
-            raise self.fail(f"'{path}': overdraft must not exceed requests_per_unit")
-        charge = as_str(f, spec.get("charge"), "charge") or "on_allow"
-        if charge not in ("on_allow", "always"):
-            raise self.fail(f"'{path}': charge must be 'on_allow' or 'always', not '{charge}'")
-        if not unlimited and unit not in UNIT_SECONDS:
-            raise self.fail(f"invalid rate limit unit '{unit_text}'")
-        accept = spec.get("accept_releases")
-        return Limit(
-            requests_per_unit=rpu,
-            unit=unit,
-            name=name,
-            unlimited=unlimited,
-            shadow_mode=shadow,
-            quota_mode=quota,
-            replaces=frozenset(replaces),
-            algorithm=algorithm,
-            unit_multiplier=multiplier,
-            burst=burst,
-            overdraft=overdraft,
-            calendar=calendar,
-            rolling=rolling,
-            timezone=timezone,
-            charge_always=charge == "always",
-            accept_releases=None if accept is None else as_bool(f, accept, "accept_releases"),
-            full_key=path,
-            index=index,
-        )
+        return share
 
-    def _rolling(self, spec: dict[str, Any], path: str) -> bool:
-        """`window:` — aligned (default) or rolling_from_first_hit."""
-        window = as_str(self.file, spec.get("window"), "window") or WINDOW_ALIGNED
-        if window not in WINDOWS:
-            raise self.fail(
-                f"'{path}': unknown window '{window}' (one of {', '.join(WINDOWS)})", "window"
-            )
-        return window == WINDOW_ROLLING
-
-    def _check_extensions(
-        self,
-        path: str,
-        algorithm: str,
-        burst: int | None,
-        overdraft: int,
-        calendar: bool,
-        rolling: bool,
-        spec: dict[str, Any],
-        unit: Unit | None,
-        unlimited: bool,
-    ) -> None:
-        """Combinations of DESIGN §5 extensions that have no meaning are errors, not no-ops."""
-        if unlimited:
-            return
-        if burst is not None and algorithm not in BURST_ALGORITHMS:
-            raise self.fail(
-                f"'{path}': burst applies to {', '.join(BURST_ALGORITHMS)}, not {algorithm}"
-            )
-        if overdraft and algorithm != "fixed_window":
-            raise self.fail(f"'{path}': overdraft applies to fixed_window only")
-        if calendar and algorithm != "fixed_window":
-            raise self.fail(f"'{path}': calendar applies to fixed_window only")
-        if spec.get("timezone") is not None and not calendar:
-            raise self.fail(f"'{path}': timezone needs calendar: true")
-        if rolling:
-            # A rolling window has its own start per key: no calendar bounds to align to, no
-            # next window to owe overdraft debt to, no window for the other algorithms.
-            where = "window"
-            if algorithm != "fixed_window":
-                why = f"applies to fixed_window only, not {algorithm}"
-            elif calendar:
-                why, where = "cannot be combined with calendar: true", "calendar"
-            elif overdraft:
-                why, where = "cannot be combined with overdraft", "overdraft"
-            else:
-                return
-            raise self.fail(f"'{path}': window {WINDOW_ROLLING} {why}", where)
-
-
-
-def distinct_metric_keys(limits: list[Limit], path: str) -> None:
-    """Several limits on one node (`rate_limits:`) must not share one metric series: each gets
-    `path.<name>`, or `path.<N><unit>[_<algorithm>]` (`d.user.1second`, `d.user.1day`).
-    Limits are frozen: the list's items are replaced."""
-    seen: set[str] = set()
-    for i, lim in enumerate(limits):
-        suffix = lim.name or f"{lim.unit_multiplier}{lim.unit.name.lower()}"
-        if not lim.name and lim.algorithm != "fixed_window":
-            suffix += f"_{lim.algorithm}"
-        if lim.calendar and not lim.name:
-            suffix += "_calendar"
-        if lim.rolling and not lim.name:
-            suffix += "_rolling"
-        if suffix in seen:
-            suffix += f"_{lim.index}"
-        seen.add(suffix)
-        limits[i] = dataclasses.replace(lim, full_key=f"{path}.{suffix}")
+    def _children(self, raw: dict[str, Any], path: str) -> Level | None:
+        """The node's own `descriptors:`, one level down (None when it has none)."""
+        child_items = raw.get("descriptors")
+        if not child_items:
+            return None
+        kids: list[Node] = []
+        self.add_descriptors(kids, child_items, path)
+        return Level.of(kids)
 
 
 # Patterns of every config ever loaded pass through here: bounded (rls.memo), LRU.

@@ -59,6 +59,13 @@ class YamlMap(dict):  # type: ignore[type-arg]
         return self.key_lines.get(key, self.line) if hasattr(self, "key_lines") else self.line
 
 
+def line_of(mapping: Any, key: Any = None) -> int | None:
+    """Line of `key` in a mapping read by parse_yaml (or of the mapping itself); None if unknown."""
+    if isinstance(mapping, YamlMap):
+        return mapping.line_of(key) if key is not None else mapping.line
+    return None
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader resolving scalars like the reference's yaml.v2: timestamps stay strings,
     `1e3` is a float, and ints and bools keep their text for string fields."""

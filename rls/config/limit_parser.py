@@ -1,0 +1,261 @@
+"""One descriptor node's `rate_limit:` / `rate_limits:` specs into Limits.
+
+Apart from the descriptor-tree parser (`rls/config/parser.py`) because a limit spec is a small
+language of its own: units and the reference's `unlimited` / `replaces` rules, then the
+DESIGN §5 extensions (algorithms, unit multipliers, burst, overdraft, calendars, windows,
+charging) and which combinations of them mean something. The tree parser only says where a
+spec sits. Messages, the order in which they are checked and the field they point at are the
+reference's (or pinned by tests), so each step below keeps its place in `limit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from rls.config.errors import ConfigError, ConfigWarning
+from rls.config.model import MAX_WINDOW_SECONDS, UNIT_SECONDS, Limit, Unit
+from rls.config.yaml_source import as_bool, as_list, as_str, as_uint, line_of
+from rls.core.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
+from rls.core.algorithms.registry import BURST_ALGORITHMS
+from rls.core.limits import WINDOW_ALIGNED, WINDOW_ROLLING, WINDOWS
+
+
+def parse_unit(text: str) -> Unit | None:
+    try:
+        unit = Unit[text.upper()]
+    except KeyError:
+        return None
+    return None if unit is Unit.UNKNOWN else unit
+
+
+class LimitParser:
+    """Parses the limit specs of one file's nodes; warnings go to the file's shared list."""
+
+    def __init__(self, file: str, warnings: list[ConfigWarning]) -> None:
+        self.file = file
+        self.warnings = warnings
+
+    def fail(self, message: str, field: str | None = None) -> ConfigError:
+        return ConfigError(self.file, message, field=field)
+
+    def node_limits(
+        self, raw: dict[str, Any], path: str, shadow: bool, quota: bool
+    ) -> list[Limit]:
+        """The limits of the node at `path`: `rate_limit:` first, then each of `rate_limits:`,
+        checked as a set and given distinct metric keys when there are several."""
+        specs: list[Any] = []
+        if raw.get("rate_limit") is not None:
+            specs.append(raw["rate_limit"])
+        specs.extend(as_list(self.file, raw.get("rate_limits"), "rate_limits"))
+        limits: list[Limit] = []
+        single = raw.get("rate_limit") is not None
+        for index, spec in enumerate(specs):
+            where = "rate_limit" if single and not index else f"rate_limits[{index - single}]"
+            limits.append(self._located_limit(spec, path, where, shadow, quota, index))
+        self._check_limit_set(limits, path)
+        if len(limits) > 1:
+            distinct_metric_keys(limits, path)
+        return limits
+
+    def _located_limit(
+        self, spec: Any, path: str, where: str, shadow: bool, quota: bool, index: int
+    ) -> Limit:
+        """One spec; its errors point at the spec's line (or its faulty field's) and at
+        `path.where`, and a limit without requests_per_unit is a warning."""
+        if not isinstance(spec, dict):
+            raise self.fail(
+                "error loading config file: yaml: unmarshal errors: rate_limit must be a map",
+                field="rate_limit" if where == "rate_limit" else "rate_limits",
+            )
+        try:
+            limit = self.limit(spec, path, shadow, quota, index)
+        except ConfigError as exc:
+            field = exc.field if exc.field in spec else None
+            raise exc.locate(line_of(spec, field), f"{path}.{where}") from None
+        if spec.get("requests_per_unit") is None and not limit.unlimited:
+            self.warnings.append(
+                ConfigWarning(
+                    self.file,
+                    "rate_limit without requests_per_unit: the limit is 0, "
+                    "every request is over it",
+                    line_of(spec),
+                    f"{path}.{where}",
+                )
+            )
+        return limit
+
+    def _check_limit_set(self, limits: list[Limit], path: str) -> None:
+        if len(limits) > 1 and any(lim.unlimited for lim in limits):
+            raise self.fail(f"'{path}': unlimited cannot be combined with other rate limits")
+        seen: set[str] = set()
+        for lim in limits:
+            if lim.ident in seen:
+                raise self.fail(
+                    f"'{path}': two rate limits with the same algorithm and window; "
+                    "give one a different unit, unit_multiplier or algorithm"
+                )
+            seen.add(lim.ident)
+
+    def limit(
+        self, spec: dict[str, Any], path: str, shadow: bool, quota: bool, index: int
+    ) -> Limit:
+        """One spec into a Limit; the steps run in the order the reference reports errors."""
+        f = self.file
+        unlimited, unit, unit_text = self._unit(spec)
+        name = as_str(f, spec.get("name"), "name")
+        replaces = self._replaces(spec, name)
+        algorithm = self._algorithm(spec, path)
+        multiplier = self._multiplier(spec, path, unit)
+        burst = spec.get("burst")
+        burst = None if burst is None else as_uint(f, burst, "burst")
+        overdraft = as_uint(f, spec.get("overdraft"), "overdraft")
+        calendar = as_bool(f, spec.get("calendar"), "calendar")
+        rolling = self._rolling(spec, path)
+        timezone = self._timezone(spec, path)
+        self._check_extensions(
+            path, algorithm, burst, overdraft, calendar, rolling, spec, unit, unlimited
+        )
+        rpu = as_uint(f, spec.get("requests_per_unit"), "requests_per_unit")
+        if overdraft > rpu:
+            raise self.fail(f"'{path}': overdraft must not exceed requests_per_unit")
+        charge = self._charge(spec, path)
+        if not unlimited and unit not in UNIT_SECONDS:
+            raise self.fail(f"invalid rate limit unit '{unit_text}'")
+        accept = spec.get("accept_releases")
+        accept_releases = None if accept is None else as_bool(f, accept, "accept_releases")
+        return Limit(
+            requests_per_unit=rpu, unit=unit, name=name, unlimited=unlimited,
+            shadow_mode=shadow, quota_mode=quota, replaces=frozenset(replaces),
+            algorithm=algorithm, unit_multiplier=multiplier, burst=burst, overdraft=overdraft,
+            calendar=calendar, rolling=rolling, timezone=timezone,
+            charge_always=charge == "always", accept_releases=accept_releases,
+            full_key=path, index=index,
+        )
+
+    def _unit(self, spec: dict[str, Any]) -> tuple[bool, Unit, str]:
+        """`unlimited:` and `unit:` (none when unlimited, a known one otherwise)."""
+        unlimited = as_bool(self.file, spec.get("unlimited"), "unlimited")
+        unit_text = as_str(self.file, spec.get("unit"), "unit")
+        unit = parse_unit(unit_text)
+        if unlimited:
+            if unit is not None:
+                raise self.fail("should not specify rate limit unit when unlimited", "unit")
+            unit = Unit.UNKNOWN
+        elif unit is None:
+            raise self.fail(f"invalid rate limit unit '{unit_text}'", "unit")
+        return unlimited, unit, unit_text
+
+    def _replaces(self, spec: dict[str, Any], name: str) -> set[str]:
+        """`replaces:` — names of other limits, none empty and not this limit's own."""
+        replaces: set[str] = set()
+        for entry in as_list(self.file, spec.get("replaces"), "replaces"):
+            rname = as_str(self.file, entry.get("name"), "name") if isinstance(entry, dict) else ""
+            if not rname:
+                raise self.fail("should not have an empty replaces entry", "replaces")
+            if rname == name:
+                raise self.fail("replaces should not contain name of same descriptor", "replaces")
+            replaces.add(rname)
+        return replaces
+
+    def _algorithm(self, spec: dict[str, Any], path: str) -> str:
+        algorithm = as_str(self.file, spec.get("algorithm"), "algorithm") or "fixed_window"
+        if algorithm not in ALGORITHMS:
+            raise self.fail(
+                f"'{path}': unknown algorithm '{algorithm}' (one of {', '.join(ALGORITHMS)})"
+            )
+        return algorithm
+
+    def _multiplier(self, spec: dict[str, Any], path: str, unit: Unit) -> int:
+        """`unit_multiplier:` — at least 1, and the window no longer than 100 years."""
+        given = spec.get("unit_multiplier")
+        multiplier = 1 if given is None else as_uint(self.file, given, "unit_multiplier")
+        if multiplier < 1:
+            raise self.fail(f"'{path}': unit_multiplier must be at least 1")
+        if unit in UNIT_SECONDS and UNIT_SECONDS[unit] * multiplier > MAX_WINDOW_SECONDS:
+            raise self.fail(f"'{path}': unit x unit_multiplier is longer than 100 years")
+        return multiplier
+
+    def _rolling(self, spec: dict[str, Any], path: str) -> bool:
+        """`window:` — aligned (default) or rolling_from_first_hit."""
+        window = as_str(self.file, spec.get("window"), "window") or WINDOW_ALIGNED
+        if window not in WINDOWS:
+            raise self.fail(
+                f"'{path}': unknown window '{window}' (one of {', '.join(WINDOWS)})", "window"
+            )
+        return window == WINDOW_ROLLING
+
+    def _timezone(self, spec: dict[str, Any], path: str) -> str:
+        """`timezone:` — UTC unless given, and then one the zone database knows."""
+        timezone = as_str(self.file, spec.get("timezone"), "timezone") or "UTC"
+        if spec.get("timezone") is not None:
+            try:
+                ZoneInfo(timezone)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise self.fail(f"'{path}': unknown timezone '{timezone}'") from None
+        return timezone
+
+    def _charge(self, spec: dict[str, Any], path: str) -> str:
+        charge = as_str(self.file, spec.get("charge"), "charge") or "on_allow"
+        if charge not in ("on_allow", "always"):
+            raise self.fail(f"'{path}': charge must be 'on_allow' or 'always', not '{charge}'")
+        return charge
+
+    def _check_extensions(
+        self,
+        path: str,
+        algorithm: str,
+        burst: int | None,
+        overdraft: int,
+        calendar: bool,
+        rolling: bool,
+        spec: dict[str, Any],
+        unit: Unit | None,
+        unlimited: bool,
+    ) -> None:
+        """Combinations of DESIGN §5 extensions that have no meaning are errors, not no-ops."""
+        if unlimited:
+            return
+        if burst is not None and algorithm not in BURST_ALGORITHMS:
+            raise self.fail(
+                f"'{path}': burst applies to {', '.join(BURST_ALGORITHMS)}, not {algorithm}"
+            )
+        if overdraft and algorithm != "fixed_window":
+            raise self.fail(f"'{path}': overdraft applies to fixed_window only")
+        if calendar and algorithm != "fixed_window":
+            raise self.fail(f"'{path}': calendar applies to fixed_window only")
+        if spec.get("timezone") is not None and not calendar:
+            raise self.fail(f"'{path}': timezone needs calendar: true")
+        if rolling:
+            # A rolling window has its own start per key: no calendar bounds to align to, no
+            # next window to owe overdraft debt to, no window for the other algorithms.
+            where = "window"
+            if algorithm != "fixed_window":
+                why = f"applies to fixed_window only, not {algorithm}"
+            elif calendar:
+                why, where = "cannot be combined with calendar: true", "calendar"
+            elif overdraft:
+                why, where = "cannot be combined with overdraft", "overdraft"
+            else:
+                return
+            raise self.fail(f"'{path}': window {WINDOW_ROLLING} {why}", where)
+
+
+def distinct_metric_keys(limits: list[Limit], path: str) -> None:
+    """Several limits on one node (`rate_limits:`) must not share one metric series: each gets
+    `path.<name>`, or `path.<N><unit>[_<algorithm>]` (`d.user.1second`, `d.user.1day`).
+    Limits are frozen: the list's items are replaced."""
+    seen: set[str] = set()
+    for i, lim in enumerate(limits):
+        suffix = lim.name or f"{lim.unit_multiplier}{lim.unit.name.lower()}"
+        if not lim.name and lim.algorithm != "fixed_window":
+            suffix += f"_{lim.algorithm}"
+        if lim.calendar and not lim.name:
+            suffix += "_calendar"
+        if lim.rolling and not lim.name:
+            suffix += "_rolling"
+        if suffix in seen:
+            suffix += f"_{lim.index}"
+        seen.add(suffix)
+        limits[i] = dataclasses.replace(lim, full_key=f"{path}.{suffix}")
