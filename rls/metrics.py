@@ -65,6 +65,17 @@ class Metrics:
         self._dynamic: dict[str, Pending] = {}
         self._requests: dict[tuple[str, str], Pending] = {}
         self.near_ratio = near_ratio
+        # One builder per area. /metrics shows the families in the order they register here:
+        # add new ones at the end of their area, do not reorder (docs/metrics.md lists each).
+        self._request_families(r)
+        self._limit_families(r)
+        self._store_families(r)
+        self._process_families(r)
+        self._engine_families(r)
+        self._config_families(r)
+
+    def _request_families(self, r: CollectorRegistry) -> None:
+        """ShouldRateLimit calls: how many, by answer, why rejected, how long deciding took."""
         self.requests = Counter(
             "rls_requests", "ShouldRateLimit calls by domain and overall code", ["domain", "code"],
             registry=r,
@@ -81,6 +92,10 @@ class Metrics:
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1),
             registry=r,
         )
+
+    def _limit_families(self, r: CollectorRegistry) -> None:
+        """Per limit (labelled by its stats key): hits within, near and over it, and what let
+        over-limit hits through (shadow mode) or answered them without the store (local cache)."""
         labels = ["key"]
         self.total_hits = Counter("rls_limit_total_hits", "Hits per limit", labels, registry=r)
         self.within = Counter("rls_limit_within_limit", "Hits within limit", labels, registry=r)
@@ -99,6 +114,10 @@ class Metrics:
         self.global_shadow = Counter(
             "rls_global_shadow_mode", "Calls turned OK by the global shadow switch", registry=r
         )
+
+    def _store_families(self, r: CollectorRegistry) -> None:
+        """The counter store: round trips, failures, the circuit breaker, and what answered the
+        calls the store did not decide (failure modes)."""
         self.backend_calls = Counter(
             "rls_backend_roundtrips", "Round trips to the counter store", ["backend"], registry=r
         )
@@ -121,6 +140,10 @@ class Metrics:
             ["domain", "reason", "answer"],
             registry=r,
         )
+
+    def _process_families(self, r: CollectorRegistry) -> None:
+        """The process: garbage-collector pauses and frozen objects, event-loop lag, and whether
+        the store accepted rls (readiness)."""
         self.gc_pause = Histogram(
             "rls_gc_pause_seconds",
             "Garbage collection pauses of the event loop, by generation",
@@ -146,6 +169,10 @@ class Metrics:
             registry=r,
             multiprocess_mode="min",
         )
+
+    def _engine_families(self, r: CollectorRegistry) -> None:
+        """The engine besides deciding: releases it ignored, its bounded memos (published to the
+        memo module), decisions of the local fallback limiter."""
         self.releases_ignored = Counter(
             "rls_releases_ignored",
             "is_negative_hits on limits that do not accept releases (ignored), by domain",
@@ -167,6 +194,10 @@ class Metrics:
             "Calls decided by the local fallback limiter while the backend was away",
             registry=r,
         )
+
+    def _config_families(self, r: CollectorRegistry) -> None:
+        """Configuration and runtime state: (re)loads and the last load's error, runtime switches,
+        build information."""
         self.config_loads = Counter(
             "rls_config_loads", "Config (re)loads by result", ["result"], registry=r
         )
