@@ -85,6 +85,7 @@ class CountersService:
             breaker=getattr(backend, "breaker", None),
             channel=channel,
             cluster=bool(getattr(backend, "cluster", False)),
+            slots=getattr(backend, "slots", None),
         )
         return cls(store, config, registry, prefix, subscriber=client if channel else None)
 

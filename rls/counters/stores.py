@@ -116,6 +116,7 @@ class RedisCounterStore:
         breaker: Any = None,
         channel: str = "",
         cluster: bool = False,
+        slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
@@ -126,11 +127,20 @@ class RedisCounterStore:
         self._script = client.register_script(script_text())
         # Concurrent calls of this process share one pipelined round trip (as decisions do).
         batcher = None if cluster else ScriptBatcher(client)
+        self._slots = slots  # Cluster: the store's bound on calls in flight (waits, never fails)
         self._send: Any = (
             (lambda keys, args: batcher(self._script, keys, args))
             if batcher is not None
-            else lambda keys, args: self._script(keys=keys, args=args)
+            else self._bounded
         )
+
+    async def _bounded(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One script call, waiting for a slot of the shared Cluster pool when there is one
+        (redis-py's cluster client fails at once when a node's pool is busy)."""
+        if self._slots is None:
+            return await self._script(keys=keys, args=args)
+        async with self._slots:
+            return await self._script(keys=keys, args=args)
 
     async def run(
         self, mode: str, items: Sequence[Item], now_ms: int | None = None

@@ -104,7 +104,7 @@ class RedisBackend:
         # redis-py's cluster client fails a call at once (MaxConnectionsError) when a node's
         # pool is busy, where the standalone pool waits: a burst would then read as a failing
         # store. Calls wait for a slot here instead (their deadline still bounds the wait).
-        self._slots = asyncio.Semaphore(pool_size) if self.cluster else None
+        self.slots = asyncio.Semaphore(pool_size) if self.cluster else None  # shared: counters
         self.breaker = breaker or CircuitBreaker("redis")
         # The probe's own blocking connection, used from its own thread: its socket timeout
         # runs in the kernel, so a busy or paused event loop cannot fail a healthy store.
@@ -114,9 +114,9 @@ class RedisBackend:
         self.breaker.set_probe(self.probe)
 
     async def _direct(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        if self._slots is None:
+        if self.slots is None:
             return await script(keys=keys, args=args)  # redis-py reloads it on NOSCRIPT
-        async with self._slots:
+        async with self.slots:
             return await script(keys=keys, args=args)
 
     async def probe(self) -> bool:

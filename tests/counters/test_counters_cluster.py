@@ -1,7 +1,10 @@
-"""Counters on Redis Cluster: a batch spread over slots is one script call per slot, and a
-slot whose master is down fails only its own items (per-item codes), not the batch."""
+"""Counters on Redis Cluster: a batch spread over slots is one script call per slot, a slot
+whose master is down fails only its own items (per-item codes), not the batch, and a burst
+beyond the connection pool waits for connections instead of failing."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -12,8 +15,9 @@ from rls.counters.service import CountersService
 from rls.stores import create_backend
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster(tmp_path_factory):
+    """A cluster per test: the down-master test stops one of its masters."""
     topo = start_cluster(tmp_path_factory.mktemp("counters-cluster"), masters=3, replicas=0)
     try:
         yield topo
@@ -41,5 +45,23 @@ async def test_cluster_batch_spans_slots_and_a_down_master_fails_only_its_items(
                 assert res.code == "unavailable"
             else:
                 assert (res.code, res.freq) == ("ok", 4)
+    finally:
+        await backend.close()
+
+
+async def test_cluster_burst_beyond_the_pool_waits_instead_of_failing(cluster):
+    """200 concurrent Adds through a pool of 4 connections per node: redis-py's cluster client
+    raises MaxConnectionsError at once when a node's pool is busy; every Add must be charged."""
+    cluster.flush()
+    backend = create_backend(cluster.url, timeout_ms=2000, pool_size=4)
+    await backend.start()
+    cfg = CountersConfig()
+    svc = CountersService.for_backend(backend, cfg, CollectorRegistry(), "rl:")
+    try:
+        items = [make_item(cfg, "d", f"burst:{i % 20}", 1, "hour") for i in range(200)]
+        answers = await asyncio.gather(*(svc.add([it]) for it in items))
+        assert [r.code for (r,) in answers] == ["ok"] * 200
+        totals = await svc.get([make_item(cfg, "d", f"burst:{k}", 1, "hour") for k in range(20)])
+        assert [r.freq for r in totals] == [10] * 20
     finally:
         await backend.close()
