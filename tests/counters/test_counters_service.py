@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -296,51 +297,69 @@ async def test_stale_cache_is_bounded_in_entries_and_bytes():
     assert small.bytes <= 1000 and len(small) < 50
 
 
-async def test_hot_key_served_locally_and_invalidated_by_other_replicas_add(redis_url):
-    """Replica A caches a hot counter; replica B's Add publishes it and A drops the entry."""
-    cfg = CountersConfig(hot_top_n=10, hot_threshold=1, hot_ttl_ms=1000)
+HOT_CFG = CountersConfig(hot_top_n=10, hot_threshold=1, hot_ttl_ms=1000)
+CHANNEL = "rl:counters:changed:"
+
+
+@dataclass
+class Replicas:
+    """Replica A (caches hot counters, follows invalidations) and replica B (writes)."""
+
+    a: CountersService
+    b: CountersService
+    ca: aioredis.Redis
+    cb: aioredis.Redis
+
+
+@pytest.fixture
+async def replicas(redis_url):
     ca, cb = aioredis.from_url(redis_url), aioredis.from_url(redis_url)
-    channel = "rl:counters:changed:"
-    a = CountersService(RedisCounterStore(ca, channel=channel), cfg, CollectorRegistry(),
+    a = CountersService(RedisCounterStore(ca, channel=CHANNEL), HOT_CFG, CollectorRegistry(),
                         subscriber=ca)
-    b = CountersService(RedisCounterStore(cb, channel=channel), cfg, CollectorRegistry())
+    b = CountersService(RedisCounterStore(cb, channel=CHANNEL), HOT_CFG, CollectorRegistry())
     await a.start()
     try:
-        it = make_item(cfg, "d", "hot", 1, "hour")
-        await b.add([it])
-        clock = [1000.0]
-        a.hot._clock = lambda: clock[0]
-        a.hot._second = 1000
-        for _ in range(5):
-            await a.get([it])
-        clock[0] = 1001.0  # next second: the counter is hot now…
-        await a.get([it])
-        ident = it.base_key("rl:")
-        for _ in range(500):  # …and cached once its invalidation channel is subscribed
-            if a.hot.watched and ident in a.hot.watched:
-                break
-            await asyncio.sleep(0.01)
-        assert a.hot.watched is not None and ident in a.hot.watched
-        (first,) = await a.get([it])  # from the store, remembered
-        await ca.delete(*(await ca.keys("rl:c*")))  # the store changes behind our back…
-        (cached,) = await a.get([it])
-        assert cached.freq == first.freq == 1  # …the hot answer is local
-        assert a.metrics.hot_answers._value.get() >= 1
-        # B's Add must drop A's entry (repeated until A's subscription delivers one)
-        seen = a.metrics.invalidations._value.get()
-        heavy = make_item(cfg, "d", "hot", 1, "hour", hits=5)
-        for _ in range(500):
-            await b.add([heavy])
-            await asyncio.sleep(0.01)
-            if a.metrics.invalidations._value.get() != seen:
-                break
-        (after,) = await a.get([it])
-        (truth,) = await b.get([it])
-        assert after.freq == truth.freq >= 5
+        yield Replicas(a, b, ca, cb)
     finally:
         await a.close()
         await ca.aclose()
         await cb.aclose()
+
+
+async def test_hot_key_served_locally_and_invalidated_by_other_replicas_add(replicas):
+    """Replica A caches a hot counter; replica B's Add publishes it and A drops the entry."""
+    a, b, ca, cfg = replicas.a, replicas.b, replicas.ca, HOT_CFG
+    it = make_item(cfg, "d", "hot", 1, "hour")
+    await b.add([it])
+    clock = [1000.0]
+    a.hot._clock = lambda: clock[0]
+    a.hot._second = 1000
+    for _ in range(5):
+        await a.get([it])
+    clock[0] = 1001.0  # next second: the counter is hot now…
+    await a.get([it])
+    ident = it.base_key("rl:")
+    for _ in range(500):  # …and cached once its invalidation channel is subscribed
+        if a.hot.watched and ident in a.hot.watched:
+            break
+        await asyncio.sleep(0.01)
+    assert a.hot.watched is not None and ident in a.hot.watched
+    (first,) = await a.get([it])  # from the store, remembered
+    await ca.delete(*(await ca.keys("rl:c*")))  # the store changes behind our back…
+    (cached,) = await a.get([it])
+    assert cached.freq == first.freq == 1  # …the hot answer is local
+    assert a.metrics.hot_answers._value.get() >= 1
+    # B's Add must drop A's entry (repeated until A's subscription delivers one)
+    seen = a.metrics.invalidations._value.get()
+    heavy = make_item(cfg, "d", "hot", 1, "hour", hits=5)
+    for _ in range(500):
+        await b.add([heavy])
+        await asyncio.sleep(0.01)
+        if a.metrics.invalidations._value.get() != seen:
+            break
+    (after,) = await a.get([it])
+    (truth,) = await b.get([it])
+    assert after.freq == truth.freq >= 5
 
 
 async def test_redis_batch_of_30_is_one_script_call(redis_url):
@@ -359,37 +378,26 @@ async def test_redis_batch_of_30_is_one_script_call(redis_url):
         await client.aclose()
 
 
-async def test_adds_to_counters_nobody_caches_send_no_invalidation(redis_url):
+async def test_adds_to_counters_nobody_caches_send_no_invalidation(replicas):
     """Invalidations go per counter channel: a replica caching nothing receives nothing, however
     many Adds other replicas make (each used to parse one message per Add of every replica)."""
-    cfg = CountersConfig(hot_top_n=10, hot_threshold=1, hot_ttl_ms=1000)
-    ca, cb = aioredis.from_url(redis_url), aioredis.from_url(redis_url)
-    channel = "rl:counters:changed:"
-    a = CountersService(RedisCounterStore(ca, channel=channel), cfg, CollectorRegistry(),
-                        subscriber=ca)
-    b = CountersService(RedisCounterStore(cb, channel=channel), cfg, CollectorRegistry())
-    await a.start()
-    try:
-        for _ in range(100):  # until A's subscription is up: its idle channel is listed
-            if await cb.pubsub_numsub(channel + "\x00idle") == [(
-                    (channel + "\x00idle").encode(), 1)]:
-                break
-            await asyncio.sleep(0.01)
-        await b.add([make_item(cfg, "d", f"cold{i}", 1, "hour") for i in range(30)])
-        # a marker A does subscribe to shows that anything sent before it was delivered
-        marker = make_item(cfg, "d", "marker", 1, "hour")
-        a.hot.hot = frozenset({marker.base_key("rl:")})
-        for _ in range(500):
-            if a.hot.watched and marker.base_key("rl:") in a.hot.watched:
-                break
-            await asyncio.sleep(0.01)
-        await b.add([marker])
-        for _ in range(500):
-            if a.metrics.invalidations._value.get() >= 1:
-                break
-            await asyncio.sleep(0.01)
-        assert a.metrics.invalidations._value.get() == 1  # the marker's, none for the 30
-    finally:
-        await a.close()
-        await ca.aclose()
-        await cb.aclose()
+    a, b, cb, cfg, channel = replicas.a, replicas.b, replicas.cb, HOT_CFG, CHANNEL
+    for _ in range(100):  # until A's subscription is up: its idle channel is listed
+        if await cb.pubsub_numsub(channel + "\x00idle") == [(
+                (channel + "\x00idle").encode(), 1)]:
+            break
+        await asyncio.sleep(0.01)
+    await b.add([make_item(cfg, "d", f"cold{i}", 1, "hour") for i in range(30)])
+    # a marker A does subscribe to shows that anything sent before it was delivered
+    marker = make_item(cfg, "d", "marker", 1, "hour")
+    a.hot.hot = frozenset({marker.base_key("rl:")})
+    for _ in range(500):
+        if a.hot.watched and marker.base_key("rl:") in a.hot.watched:
+            break
+        await asyncio.sleep(0.01)
+    await b.add([marker])
+    for _ in range(500):
+        if a.metrics.invalidations._value.get() >= 1:
+            break
+        await asyncio.sleep(0.01)
+    assert a.metrics.invalidations._value.get() == 1  # the marker's, none for the 30
