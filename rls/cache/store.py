@@ -80,7 +80,10 @@ class GuardedStore(ABC):
                 call.close()
             raise StoreDown(op, "marked down after repeated failures")
         try:
-            result = await asyncio.wait_for(call, self.timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for wraps every call in a
+            # new Task (extra loop turns and allocations on each lookup)
+            async with asyncio.timeout(self.timeout):
+                result = await call
         except (TimeoutError, RedisError, OSError) as exc:
             self._failures += 1
             if self._failures >= FAILURES_TO_TRIP:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any, Protocol
 
@@ -142,6 +142,12 @@ class RedisCounterStore:
         async with self._slots:
             return await self._script(keys=keys, args=args)
 
+    async def _timed(self, call: Awaitable[list[Result]]) -> list[Result]:
+        """`call` within the store timeout (asyncio.timeout: on Python 3.11 wait_for would
+        wrap every call in a new Task)."""
+        async with asyncio.timeout(self.timeout_s):
+            return await call
+
     async def run(
         self, mode: str, items: Sequence[Item], now_ms: int | None = None
     ) -> list[Result]:
@@ -152,9 +158,7 @@ class RedisCounterStore:
             if self.cluster:
                 results = await self._run_cluster(mode, items, now_ms)
             else:
-                results = await asyncio.wait_for(
-                    self._run_group(mode, items, now_ms), self.timeout_s
-                )
+                results = await self._timed(self._run_group(mode, items, now_ms))
         except (TimeoutError, RedisTimeoutError) as exc:
             if breaker is not None:
                 breaker.suspect()
@@ -184,9 +188,7 @@ class RedisCounterStore:
         parts = list(groups.values())
         answers = await asyncio.gather(
             *(
-                asyncio.wait_for(
-                    self._run_group(mode, [items[i] for i in idx], now_ms), self.timeout_s
-                )
+                self._timed(self._run_group(mode, [items[i] for i in idx], now_ms))
                 for idx in parts
             ),
             return_exceptions=True,
