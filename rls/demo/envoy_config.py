@@ -46,17 +46,23 @@ def load_envoy_config(path: Path) -> dict[str, Any]:
     return config
 
 
-def socket_addresses(node: Any) -> Iterator[dict[str, Any]]:
-    """Every `socket_address` with a `port_value`, anywhere in the config (depth first)."""
+def mappings(node: Any) -> Iterator[dict[str, Any]]:
+    """Every mapping anywhere in a parsed config, depth first (the config itself included)."""
     if isinstance(node, dict):
-        sa = node.get("socket_address")
-        if isinstance(sa, dict) and "port_value" in sa:
-            yield sa
+        yield node
         for value in node.values():
-            yield from socket_addresses(value)
+            yield from mappings(value)
     elif isinstance(node, list):
         for value in node:
-            yield from socket_addresses(value)
+            yield from mappings(value)
+
+
+def socket_addresses(node: Any) -> Iterator[dict[str, Any]]:
+    """Every `socket_address` with a `port_value`, anywhere in the config (depth first)."""
+    for mapping in mappings(node):
+        sa = mapping.get("socket_address")
+        if isinstance(sa, dict) and "port_value" in sa:
+            yield sa
 
 
 def backend_ports(config: dict[str, Any]) -> list[int]:
@@ -77,17 +83,9 @@ def rewrite_ports(config: dict[str, Any], mapping: dict[int, int]) -> dict[str, 
 
 def api_keys(config: dict[str, Any]) -> dict[str, str]:
     """client id -> API key from the api_key_auth filter ({} when there is none)."""
-    def walk(node: Any) -> Iterator[dict[str, Any]]:
-        if isinstance(node, dict):
-            if node.get("name") == "envoy.filters.http.api_key_auth":
-                yield node
-            for value in node.values():
-                yield from walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                yield from walk(value)
-
-    for flt in walk(config):
+    for flt in mappings(config):
+        if flt.get("name") != "envoy.filters.http.api_key_auth":
+            continue
         creds = flt.get("typed_config", {}).get("credentials", [])
         return {c["client"]: c["key"] for c in creds if "client" in c and "key" in c}
     return {}

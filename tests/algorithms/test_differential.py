@@ -142,7 +142,14 @@ def _where(step: int, req: Request) -> str:
 
 async def replay_backends(algorithm: str, trace: Trace, redis: Guarded) -> None:
     """Memory and Redis answer every decision identically, field by field."""
-    prefix, limits = _build(algorithm, trace)
+    await compare_backends(trace, *_build(algorithm, trace), redis)
+
+
+async def compare_backends(
+    trace: Trace, prefix: str, limits: list[Limit], redis: Guarded
+) -> None:
+    """Replay `trace` on a fresh MemoryBackend and on Redis with these limits and key prefix;
+    every decision must be identical (shared with tests of other limit shapes)."""
     memory = MemoryBackend(sweep_interval=0)
     for step, req in enumerate(trace.requests):
         checks = _checks(trace, req, prefix, limits)

@@ -33,7 +33,15 @@ from rls.stores.redis import RedisBackend
 
 from .models import ModelStore, RollingWindowModel
 from .support import BASE_MS, Guarded
-from .test_differential import KeySpec, Request, Trace, _run, _where
+from .test_differential import (
+    KeySpec,
+    Request,
+    Trace,
+    _checks,
+    _run,
+    _where,
+    compare_backends,
+)
 
 MINUTE = 60_000
 T = BASE_MS + 12_345  # not on any epoch boundary: aligned and rolling windows differ
@@ -51,21 +59,8 @@ def _rolling_limits(trace: Trace) -> list[Limit]:
     ]
 
 
-def _checks(trace: Trace, req: Request, prefix: str, limits: list[Limit]) -> list[Check]:
-    return [
-        Check(d, limits[k], f"{prefix}{k}", hits, trace.keys[k].flags | (NEGATIVE * negative))
-        for d, (k, hits, negative) in enumerate(req.checks)
-    ]
-
-
 async def replay_backends(_: str, trace: Trace, redis: Guarded) -> None:
-    prefix, limits = f"roll:{uuid.uuid4().hex}:", _rolling_limits(trace)
-    memory = MemoryBackend(sweep_interval=0)
-    for step, req in enumerate(trace.requests):
-        checks = _checks(trace, req, prefix, limits)
-        mem = memory.decide_now(checks, req.now)
-        red = await redis.decide(checks, req.now)
-        assert mem == red, f"memory/redis differ at {_where(step, req)}:\n  {mem}\n  {red}"
+    await compare_backends(trace, f"roll:{uuid.uuid4().hex}:", _rolling_limits(trace), redis)
 
 
 async def replay_model(_: str, trace: Trace, redis: Guarded) -> None:
