@@ -10,7 +10,8 @@
 -- ARGV[3]: the checks' parameters, 11 little-endian doubles per check (one argument: each
 --   argument costs the client an encoding step; struct.unpack costs no string patterns):
 --   algorithm id, flags, hits, limit, window ms, burst, overdraft, calendar window start, end,
---   previous start (0 0 0 for epoch windows), rolling (1: window from the key's first charge).
+--   previous start (0 0 0 for epoch windows), layout (fixed windows: FW_ROLLING, FW_COUNTER;
+--   rls/stores/windows.py).
 -- Returns {admitted, then per check: ok, charged, remaining, reset ms, used}.
 -- now, mode and params: lua/request.lua (read once, shared by every decide script).
 local unpack = struct.unpack
@@ -19,13 +20,13 @@ local n = #KEYS
 local args, res = {}, {}
 local admitted, quota_seen, quota_room = true, false, false
 for i = 1, n do
-  local id, f, hits, cap, window, burst, overdraft, start, stop, prev, rolling
-  id, f, hits, cap, window, burst, overdraft, start, stop, prev, rolling, pos =
+  local id, f, hits, cap, window, burst, overdraft, start, stop, prev, layout
+  id, f, hits, cap, window, burst, overdraft, start, stop, prev, layout, pos =
     unpack('<ddddddddddd', params, pos)
   local a = {
     algo = ALGOS[id], flags = f, hits = hits, cap = cap, window = window,
     burst = burst, overdraft = overdraft, start = start, stop = stop, prev = prev,
-    rolling = rolling,
+    layout = layout,
   }
   a.ok, a.rem_charged, a.rem_uncharged, a.reset, a.used = a.algo.evaluate(KEYS[i], now, a)
   args[i] = a

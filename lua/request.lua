@@ -1,5 +1,4 @@
--- The request arguments every decide script reads, defined once (included by
--- rls/stores/scripts.py before lua/decide.lua and lua/decide_fixed_window.lua).
+-- The request arguments lua/decide.lua reads (included before it by rls/stores/scripts.py).
 -- ARGV[1]: now in ms, or '' for Redis TIME (one clock for all replicas). ARGV[2]: mode.
 -- ARGV[3]: the checks' packed parameters.
 local now

@@ -5,7 +5,8 @@ Layout: `<prefix><domain>|<k1>|<v1>|…|<kn>|<vn>|<limit ident>`. Inside each co
 and `key=a,value=b_c` never meet), and no user text can form a Redis Cluster hash tag. A key
 longer than MAX_PLAIN bytes becomes `<prefix><first 40 bytes of domain>|#<blake2b-128>|<ident>`;
 `|#` cannot occur in a plain key because `#` is escaped, so plain and hashed keys never meet.
-The window is not part of the key: fixed-window counters expire at their window's end.
+The window is not part of these keys; Redis stores a plain fixed window under `<key>@<window
+index>` (rls/stores/windows.py; at most 11 more bytes, still within 250).
 
 A domain with `key_hash: md5|xxh3` (and the counters service's `key_hash`) digests the
 descriptor part instead: `<prefix><domain>|#md5:<32 hex>|<ident>` (`#xxh3:` likewise), a fixed

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -41,11 +42,15 @@ from rls.core.model import NEGATIVE, Check, Outcome, Verdict
 from rls.core.usage import UsageOp
 from rls.stores.base import BackendError, StoreDown
 from rls.stores.breaker import CircuitBreaker
+from rls.stores.clock import REFRESH_S, StoreClock
 from rls.stores.connect import connect
 from rls.stores.pipelining import ScriptBatcher
-from rls.stores.scripts import CHECK, LEAN_CHECK, decide_script, lean_script
+from rls.stores.scripts import CHECK, decide_script, lean_script
 from rls.stores.scripts import lean_verdict as _lean_verdict
 from rls.stores.scripts import verdict as _verdict
+from rls.stores.windows import counts_in_window, expiry_ms, layout, window_bounds, window_key
+
+log = logging.getLogger("rls.backend")
 
 
 def _queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
@@ -112,6 +117,10 @@ class RedisBackend:
         self._probe_client: Any = connect(url, probe_s, probe_s, 1, sync=True)
         self._probe_thread = ThreadPoolExecutor(1, thread_name_prefix="rls-store-probe")
         self.breaker.set_probe(self.probe)
+        # Redis TIME read locally, for the windows of plain fixed windows (rls/stores/clock.py);
+        # read on the probe's connection and thread, so our own lag cannot skew a reading.
+        self.clock = StoreClock()
+        self._clock_task: asyncio.Task[None] | None = None
 
     async def _direct(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if self.slots is None:
@@ -146,17 +155,39 @@ class RedisBackend:
         try:
             await self.client.ping()
             await self.load_scripts(spec.name for spec in REGISTRY)
-            await self._lean(keys=[], args=["", "e", ""])  # EVALSHA allowed (ACL)?
+            await self._lean(keys=[], args=["e"])  # EVALSHA allowed (ACL)?
             warm = min(self.pool_size, 8)
             await asyncio.gather(*(self.client.ping() for _ in range(warm)))
+            await self._sync_clock()
         except (RedisError, OSError) as exc:
             why = _rejection(exc)
             if why is not None:
                 raise StoreRejected(f"redis refuses rls: {why}") from exc
             raise BackendError(f"redis not reachable: {exc}") from exc
+        if self._clock_task is None:
+            self._clock_task = asyncio.create_task(self._keep_clock(), name="rls-store-clock")
         self.breaker.close()
 
+    async def _sync_clock(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._probe_thread, self.clock.sync, self._probe_client.time)
+
+    async def _keep_clock(self) -> None:
+        """Read the store's clock again every REFRESH_S; a failed reading keeps the last one
+        (the store being down is the breaker's business, not the clock's)."""
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            try:
+                await self._sync_clock()
+            except (RedisError, OSError) as exc:
+                log.debug("store clock not read: %s", exc)
+
     async def close(self) -> None:
+        if self._clock_task is not None:
+            self._clock_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._clock_task
+            self._clock_task = None
         await self.breaker.stop()
         await self.client.aclose()
         pool = getattr(self.client, "connection_pool", None)
@@ -239,7 +270,7 @@ class RedisBackend:
         On NOSCRIPT (Redis restarted or flushed) the usage commands have already run, so only
         the script is sent again — usage is never counted twice.
         """
-        script, keys, args = self._script_args(checks, now_ms, "d")
+        script, keys, args, now = self._script_args(checks, now_ms, "d")
         pipe = self.client.pipeline(transaction=False)
         pipe.evalsha(script.sha, len(keys), *keys, *args)
         _queue_usage(pipe, ops, ttl_ms)
@@ -252,18 +283,17 @@ class RedisBackend:
             res = await script(keys=keys, args=args)  # loads the script, then EVALSHA
         elif isinstance(res, Exception):
             raise res
-        return _lean_verdict(res, checks) if script is self._lean else _verdict(res)
+        return self._verdict(script, res, checks, "d", now)
 
     async def peek(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
         """Evaluate without charging (counter queries); one call per slot in Cluster mode."""
         try:
             if not self.cluster:
                 return await self._run(checks, now_ms, "e")
-            groups: dict[int, list[int]] = {}
-            for i, c in enumerate(checks):
-                groups.setdefault(self.client.keyslot(c.key), []).append(i)
+            if now_ms is None:
+                now_ms = self.clock.now_ms()  # one window per counter for every slot
             outcomes: list[Outcome | None] = [None] * len(checks)
-            for idx in groups.values():
+            for idx in self._slots(checks, now_ms):
                 verdict = await self._run([checks[i] for i in idx], now_ms, "e")
                 for i, out in zip(idx, verdict.outcomes, strict=True):
                     outcomes[i] = out
@@ -287,35 +317,40 @@ class RedisBackend:
             script = self._mixes[mask] = self.client.register_script(decide_script(names))
         return script
 
+    def _store_key(self, check: Check, now_ms: int) -> str:
+        """The Redis key of a check's counter at `now_ms`: a plain fixed window's own window key,
+        else the counter key (rls/stores/windows.py)."""
+        if counts_in_window(check):
+            return window_key(check.key, check.limit.window_ms, now_ms)
+        return check.key
+
+    def _slots(self, checks: Sequence[Check], now_ms: int) -> list[list[int]]:
+        """Indexes of the checks grouped by the Cluster slot of their keys at `now_ms`."""
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(checks):
+            groups.setdefault(self.client.keyslot(self._store_key(c, now_ms)), []).append(i)
+        return list(groups.values())
+
     def _script_args(
         self, checks: Sequence[Check], now_ms: int | None, mode: str
-    ) -> tuple[Any, list[str], list[Any]]:
-        """The script for this request's algorithms, its KEYS and its ARGV.
+    ) -> tuple[Any, list[str], list[Any], int]:
+        """The script for this request, its KEYS, its ARGV, and the time its windows are of.
 
-        All checks' numbers travel in one argument (each argument costs the client an encoding
-        step). Plain fixed windows take the lean script (flags, hits, limit, window per check,
-        packed as doubles: exact for integers below 2^53); anything else (rolling windows
-        included: each key has its own bounds) lua/decide.lua with the algorithms present (11
-        doubles per check).
+        Plain fixed windows without flags, decided or evaluated, take the lean script
+        (lua/decide_fixed_window.lua: per check, the most its counter may hold, hits and the
+        expiry of a new window key, as decimal arguments the script's arithmetic reads as they
+        are). Anything else takes lua/decide.lua with the algorithms present, all of a check's
+        numbers packed as 11 little-endian doubles in one argument (each argument costs the
+        client an encoding step). Windows come from `now_ms` when the caller fixes the time,
+        else from the store's clock; other algorithms then read Redis TIME in the script.
         """
-        now = "" if now_ms is None else str(now_ms)
-        keys = [c.key for c in checks]
-        lean = True
-        for c in checks:
-            lim = c.limit
-            if (
-                lim.algorithm != "fixed_window" or lim.overdraft or lim.rolling
-                or c.bounds is not None
-            ):
-                lean = False
-                break
-        if lean:
-            pack = LEAN_CHECK.pack
-            packed = b"".join(
-                [pack(c.flags, c.hits, c.limit.requests_per_unit, c.limit.window_ms)
-                 for c in checks]
-            )
-            return self._lean, keys, [now, mode, packed]
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        keys = [self._store_key(c, now) for c in checks]
+        if mode in ("d", "e") and all(not c.flags and counts_in_window(c) for c in checks):
+            room = [str(c.limit.requests_per_unit - max(c.hits, 1)) for c in checks]
+            hits = [str(c.hits) for c in checks]
+            ttl = [str(expiry_ms(c.limit.window_ms, now)) for c in checks]
+            return self._lean, keys, [mode, *room, *hits, *ttl], now
         mask = 0
         bits = self._bits
         pack = CHECK.pack
@@ -323,30 +358,37 @@ class RedisBackend:
         for c in checks:
             lim = c.limit
             mask |= bits[lim.algorithm]
-            start, stop, prev = c.bounds or (0, 0, 0)
+            if counts_in_window(c):
+                start, stop, prev = window_bounds(lim.window_ms, now)
+            else:
+                start, stop, prev = c.bounds or (0, 0, 0)
+            fw_layout = layout(c) if lim.algorithm == "fixed_window" else 0
             burst = lim.burst if lim.burst is not None else lim.requests_per_unit
             general.append(
                 pack(ALGORITHM_IDS[lim.algorithm], c.flags, c.hits, lim.requests_per_unit,
-                     lim.window_ms, burst, lim.overdraft, start, stop, prev, lim.rolling)
+                     lim.window_ms, burst, lim.overdraft, start, stop, prev, fw_layout)
             )
-        return self._mix(mask), keys, [now, mode, b"".join(general)]
+        script_now = "" if now_ms is None else str(now_ms)
+        return self._mix(mask), keys, [script_now, mode, b"".join(general)], now
+
+    def _verdict(
+        self, script: Any, res: list[Any], checks: Sequence[Check], mode: str, now: int
+    ) -> Verdict:
+        if script is self._lean:
+            return _lean_verdict(res, checks, mode, now)
+        return _verdict(res)
 
     async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
-        script, keys, args = self._script_args(checks, now_ms, mode)
+        script, keys, args, now = self._script_args(checks, now_ms, mode)
         res = await self._call(script, keys, args)
-        return _lean_verdict(res, checks) if script is self._lean else _verdict(res)
+        return self._verdict(script, res, checks, mode, now)
 
     async def _decide_cluster(self, checks: Sequence[Check], now_ms: int | None) -> Verdict:
-        groups: dict[int, list[int]] = {}
-        for i, c in enumerate(checks):
-            groups.setdefault(self.client.keyslot(c.key), []).append(i)
-        if len(groups) == 1:
-            return await self._run(checks, now_ms, "d")
-        parts = list(groups.values())
         if now_ms is None:
-            # One clock for both steps and all slots: the first node's TIME.
-            sec, usec = await self.client.time()
-            now_ms = int(sec) * 1000 + int(usec) // 1000
+            now_ms = self.clock.now_ms()  # one time for both steps, all slots and windows
+        parts = self._slots(checks, now_ms)
+        if len(parts) == 1:
+            return await self._run(checks, now_ms, "d")
         evaluated = await asyncio.gather(
             *(self._run([checks[i] for i in idx], now_ms, "e") for idx in parts)
         )
@@ -388,9 +430,9 @@ class RedisBackend:
         if not undo:
             return
         releases = [replace(checks[i], flags=checks[i].flags | NEGATIVE) for i in undo]
-        groups: dict[int, list[Check]] = {}
-        for c in releases:
-            groups.setdefault(self.client.keyslot(c.key), []).append(c)
-        await asyncio.gather(*(self._run(group, now_ms, "d") for group in groups.values()))
+        await asyncio.gather(
+            *(self._run([releases[i] for i in idx], now_ms, "d")
+              for idx in self._slots(releases, now_ms))
+        )
         for i in undo:
             outcomes[i] = replace(outcomes[i], charged=False)

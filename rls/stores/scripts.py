@@ -2,11 +2,12 @@
 
 Redis runs a script's whole body on every EVALSHA, so a script that defined every algorithm
 paid for all of them on every call. Scripts are instead built per request shape:
-- `lean_script()`: every check a plain fixed window (no overdraft, no calendar, not rolling),
-  the common case (lua/decide_fixed_window.lua: a GET per check, a SET per charge, nothing else);
+- `lean_script()`: every check a plain fixed window without flags, the common case
+  (lua/decide_fixed_window.lua: one MGET, an INCRBY per charge; rls/stores/windows.py);
 - `decide_script(names)`: lua/decide.lua with only the named algorithms and the libraries they
   use, so a request mixing algorithms is still one EVALSHA and atomic.
-Each script starts with a prelude generated from the Python constants (flag bits, GRACE_MS),
+Each decide script starts with a prelude generated from the Python constants (flag bits,
+GRACE_MS, fixed-window layouts),
 and each algorithm file (`lua/<name>.lua`, ending in `return {evaluate, charge, release}`)
 is registered under its id from rls/core/algorithms/registry.py. There are at most
 2^len(REGISTRY) mixes, so the caches below are bounded by construction.
@@ -28,16 +29,17 @@ from typing import Any
 from rls.core.algorithms.base import GRACE_MS
 from rls.core.algorithms.registry import BY_NAME, REGISTRY
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome, Verdict
+from rls.stores.windows import lua_prelude as windows_prelude
 
 LEAN_FILE = "decide_fixed_window.lua"
 DECIDE_FILE = "decide.lua"
-REQUEST_FILE = "request.lua"  # now / mode / params, read once for every decide script
+REQUEST_FILE = "request.lua"  # now / mode / params, read by lua/decide.lua
 LIBRARY_ORDER = ("values", "bucket_lib", "log_lib")  # a library may call the ones before it
 
-# Per-check parameters, packed as little-endian doubles (exact for integers below 2^53).
-LEAN_CHECK = struct.Struct("<dddd")  # lean script: flags, hits, limit, window ms
-CHECK = struct.Struct("<ddddddddddd")  # decide.lua: id, flags, hits, limit, window, burst,
-#   overdraft, calendar window start, end, previous start, rolling (0 / 1)
+# decide.lua's per-check parameters, little-endian doubles (exact for integers below 2^53):
+# id, flags, hits, limit, window, burst, overdraft, window start, end, previous start (0 0 0
+# for epoch windows of other layouts), fixed-window layout (rls/stores/windows.py).
+CHECK = struct.Struct("<ddddddddddd")
 
 # Every Lua file a script can be built from (the wheel and the image must ship them all).
 ALGORITHM_FILES: tuple[str, ...] = (
@@ -53,7 +55,8 @@ def prelude() -> str:
     return (
         "local SHADOW, QUOTA, CHARGE_ALWAYS, NEGATIVE = "
         f"{SHADOW}, {QUOTA}, {CHARGE_ALWAYS}, {NEGATIVE}\n"
-        f"local GRACE_MS = {GRACE_MS}"
+        f"local GRACE_MS = {GRACE_MS}\n"
+        + windows_prelude()
     )
 
 
@@ -64,7 +67,7 @@ def _lua(name: str) -> str:
 
 @cache
 def lean_script() -> str:
-    return "\n".join((prelude(), _lua(REQUEST_FILE), _lua(LEAN_FILE)))
+    return _lua(LEAN_FILE)  # needs no constant: no flags, no TIME
 
 
 @cache
@@ -98,25 +101,28 @@ def verdict(res: list[Any]) -> Verdict:
     return Verdict(bool(res[0]), outcomes)
 
 
-def lean_verdict(res: list[Any], checks: Sequence[Check]) -> Verdict:
-    """Outcomes from lua/decide_fixed_window.lua's compact reply: {admitted, now, per check
-    used * 4 + ok * 2 + charged}. Remaining and reset follow from the check and `now` exactly as
-    fixed_window.lua computes them for a plain window (limit, no overdraft)."""
-    now = int(res[1])
+def lean_verdict(res: list[Any], checks: Sequence[Check], mode: str, now_ms: int) -> Verdict:
+    """Outcomes from lua/decide_fixed_window.lua's reply: the counters as the script read them
+    (None: no key yet). The script charged every check if and only if each had room and the
+    mode was 'd', so the admission and every number follow from the counters and the checks,
+    as lua/fixed_window.lua computes them for a window without flags; the windows are the ones
+    the keys were chosen for (`now_ms`)."""
+    used = [int(v) if v is not None else 0 for v in res]
+    oks = [
+        u + max(c.hits, 1) <= c.limit.requests_per_unit
+        for u, c in zip(used, checks, strict=True)
+    ]
+    admitted = all(oks)
+    charged = admitted and mode == "d"
     outcomes = []
-    for check, code in zip(checks, res[2:], strict=True):
-        code = int(code)
-        used, ok, charged = code >> 2, bool(code & 2), bool(code & 1)
+    for check, u, ok in zip(checks, used, oks, strict=True):
         cap = check.limit.requests_per_unit
         window = check.limit.window_ms
         if charged:
-            if check.flags & NEGATIVE:
-                remaining = max(0, cap - max(0, used - check.hits))
-            else:
-                remaining = max(0, cap - used - check.hits)
+            remaining = max(0, cap - u - check.hits)
         elif ok:
-            remaining = max(0, cap - used)
+            remaining = max(0, cap - u)
         else:
             remaining = 0
-        outcomes.append(Outcome(ok, charged, remaining, window - now % window, used))
-    return Verdict(bool(res[0]), outcomes)
+        outcomes.append(Outcome(ok, charged, remaining, window - now_ms % window, u))
+    return Verdict(admitted, outcomes)

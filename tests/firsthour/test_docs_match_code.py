@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -85,17 +86,18 @@ def test_rlconfig_unlimited_line_and_json_errors_as_documented(served) -> None:
 
 
 def test_readme_counter_value_format(served, redis_server) -> None:
-    documented = re.search(r"a fixed-window value is `([^`]+)`", README)
-    assert documented and documented.group(1) == (
-        "<window start, ms since the epoch>:<count>:<debt>"
-    )
+    documented = re.search(r"counts in a key of its own window,\s+`([^`]+)`", README)
+    assert documented and documented.group(1) == "<key>@<window index>"
     body = json.dumps({"domain": "dm", "descriptors": [
         {"entries": [{"key": "k", "value": "v"}]}], "hitsAddend": 3}).encode()
+    before = int(time.time() * 1000) // 60000
     status, _ = post(served.http_url + "/json", body)
+    after = int(time.time() * 1000) // 60000
     assert status == 200
     client = redis_server.client()
     keys = [k for k in client.keys("rl:*") if b"dm|" in k]
     assert len(keys) == 1, keys
-    value = client.get(keys[0]).decode()
-    start, count, debt = (int(x) for x in re.fullmatch(r"(\d+):(\d+):(\d+)", value).groups())
-    assert start % 60000 == 0 and count == 3 and debt == 0
+    key, index = keys[0].decode().rsplit("@", 1)
+    assert key.endswith("|f60") and before <= int(index) <= after
+    assert client.get(keys[0]) == b"3"  # the count, an integer
+    assert 0 < client.pttl(keys[0]) <= 61_000  # to the window's end + 1 s

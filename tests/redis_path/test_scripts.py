@@ -19,6 +19,7 @@ import pytest
 from conftest import RedisServer, start_redis
 
 from rls.config.model import Limit, Unit
+from rls.core.algorithms.base import GRACE_MS
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
@@ -61,7 +62,8 @@ def test_each_script_holds_only_the_algorithms_it_needs():
     assert both.count("local function log_algo") == 1 and "ALGOS[3]" in both
     assert "ALGOS[7]" in both and "fw_store" not in both
     assert "ALGOS" not in lean_script()
-    assert lean_script().startswith("local SHADOW, QUOTA, CHARGE_ALWAYS, NEGATIVE = 1, 2, 4, 8")
+    assert fixed.startswith("local SHADOW, QUOTA, CHARGE_ALWAYS, NEGATIVE = 1, 2, 4, 8")
+    assert "'TIME'" not in lean_script()  # no clock read: the keys carry their windows
 
 
 async def test_plain_fixed_window_request_runs_the_lean_script(backend, server):
@@ -72,7 +74,26 @@ async def test_plain_fixed_window_request_runs_the_lean_script(backend, server):
     client = server.client()
     assert client.script_exists(sha(lean_script())) == [True]
     assert client.script_exists(sha(decide_script())) == [False]
-    assert client.get("fw:a").decode().endswith(":1:0")
+
+
+@pytest.mark.parametrize("shape", ["lean", "mixed"])
+async def test_plain_window_counts_in_its_own_key_expiring_with_the_window(backend, server, shape):
+    """The layout rls/stores/windows.py promises, whichever script writes it: an integer in
+    `<key>@<window index>`, expiring at the window's end (+ GRACE_MS); the next window starts
+    a new key at zero."""
+    lim = limit("fixed_window", 5)
+    window = lim.window_ms
+    now = (int(time.time() * 1000) // window) * window + 1_000  # 1 s into the current window
+    extra = [Check(1, limit("token_bucket", 5), "tb:x", 1)] if shape == "mixed" else []
+    for _ in range(3):
+        await backend.decide([Check(0, lim, "fw:a", 2), *extra], now)
+    client = server.client()
+    key = f"fw:a@{now // window}"
+    assert client.get(key) == b"4"  # the third request was over (4 + 2 > 5): not charged
+    assert window - 5_000 < client.pttl(key) <= window - 1_000 + GRACE_MS
+    later = await backend.decide([Check(0, lim, "fw:a", 2), *extra], now + window)
+    assert later.admitted and later.outcomes[0].used == 0
+    assert client.get(f"fw:a@{now // window + 1}") == b"2" and client.get(key) == b"4"
 
 
 async def test_mixed_algorithms_are_one_evalsha_and_atomic(backend, server):

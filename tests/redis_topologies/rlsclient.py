@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rls.config.loader import load_files
 from rls.config.matcher import match
 from rls.core.keys import counter_key
+from rls.stores.windows import plain_window, window_key
 
 OK = rls_pb2.RateLimitResponse.OK
 OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
@@ -43,12 +44,16 @@ def write_config(tmp_path: Path, text: str, name: str = "limits.yaml") -> Path:
 
 def key_of(config_text: str, domain: str, entries: list[tuple[str, str]],
            prefix: str = "rl:") -> str:
-    """The Redis key rls uses for the (single) limit matched by `entries`."""
+    """The Redis key rls uses now for the (single) limit matched by `entries`: a plain fixed
+    window's counter is in its current window's own key (rls/stores/windows.py)."""
     config = load_files([("topology.yaml", config_text)])
     path = match(config.domains[domain], entries)
     assert path is not None, entries
     (limit,) = path[-1].limits
-    return counter_key(prefix, domain, entries, limit.ident)
+    key = counter_key(prefix, domain, entries, limit.ident)
+    if plain_window(limit):
+        return window_key(key, limit.window_ms, int(time.time() * 1000))
+    return key
 
 
 def desc(*entries: tuple[str, str], hits: int | None = None) -> ratelimit_pb2.RateLimitDescriptor:

@@ -39,9 +39,9 @@ descriptors:
 
 
 def window_count(raw: bytes | None) -> int:
-    """A fixed-window counter's value is `<window start ms>:<count>:<debt>` (lua/fixed_window)."""
+    """A plain fixed window's counter: an integer in its window's key (rls/stores/windows.py)."""
     assert raw is not None
-    return int(raw.decode().split(":")[1])
+    return int(raw)
 
 
 def test_sentinel_url_decides_on_the_primary(sentinel: SentinelTopology, rls_factory,
