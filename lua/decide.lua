@@ -23,10 +23,13 @@ for i = 1, n do
   local id, f, hits, cap, window, burst, overdraft, start, stop, prev, layout
   id, f, hits, cap, window, burst, overdraft, start, stop, prev, layout, pos =
     unpack('<ddddddddddd', params, pos)
+  -- Every field the algorithms set is in the constructor: the table is sized once, not
+  -- rehashed as fields are added (each rehash costs Redis CPU on every decision).
   local a = {
     algo = ALGOS[id], flags = f, hits = hits, cap = cap, window = window,
     burst = burst, overdraft = overdraft, start = start, stop = stop, prev = prev,
-    layout = layout,
+    layout = layout, ok = false, rem_charged = 0, rem_uncharged = 0, reset = 0, used = 0,
+    st = false, impl = false,
   }
   a.ok, a.rem_charged, a.rem_uncharged, a.reset, a.used = a.algo.evaluate(KEYS[i], now, a)
   args[i] = a

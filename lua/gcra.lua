@@ -18,7 +18,7 @@ local function gcra_store(key, base, k, now, a)
   local span = math.ceil((k * a.window) / math.max(a.cap, 1))
   -- A TAT already in the past reads as an idle bucket either way; PX must stay positive.
   redis.call('SET', key, string.format('%d:%d', base, k), 'PX',
-    string.format('%d', math.max(1, base + span + GRACE_MS - now)))
+    math.max(1, base + span + GRACE_MS - now))
 end
 
 return {

@@ -5,6 +5,8 @@
 -- cum(newest) - cum(oldest) + hits(oldest): two O(log n) reads, never a scan. A new entry is
 -- logged no earlier than the newest one (a clock that stepped back, or Cluster nodes' skew:
 -- it then expires a little later, never sooner), so cum grows along the set's order.
+-- Numbers go to redis.call as they are: Redis writes a Lua number with %.17g (exact for the
+-- integers below 2^53 used here), so no string.format is spent on them.
 -- Entries at or before now - window are pruned; sliding_log releases give back the newest hits,
 -- concurrency the oldest leases. Logs written by earlier rls versions ("<seq>:<hits>") are
 -- rewritten in this form the first time they are read.
@@ -45,7 +47,7 @@ end
 -- The live log's ends: {oldest time, oldest cum, oldest hits, newest time, newest cum}, or nil. Releases only remove or shrink entries, so the
 -- expiry set when the newest entry was logged still covers whatever is left.
 local function log_ends(key, now, window)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - window))
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
   for _ = 1, 2 do
     local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     if #first == 0 then return nil end
@@ -116,14 +118,14 @@ local function log_algo(release_oldest)
         if e[4] > t then t = e[4] end
         c = e[5]
       end
-      redis.call('ZADD', key, string.format('%d', t), string.format(LOG_MEMBER, c + a.hits, a.hits))
+      redis.call('ZADD', key, t, string.format(LOG_MEMBER, c + a.hits, a.hits))
       -- The key must outlive its newest entry by window + GRACE_MS. It expires GRACE_MS after
       -- the end of the aligned window following the newest entry's, set when an entry first
       -- lands in a new aligned window: entries in the same aligned window need no PEXPIRE.
       local w = a.window
       local k = math.floor(t / w)
       if not e or k ~= math.floor(e[4] / w) then
-        redis.call('PEXPIRE', key, string.format('%d', (k + 2) * w + GRACE_MS - now))
+        redis.call('PEXPIRE', key, (k + 2) * w + GRACE_MS - now)
       end
     end,
     release = function(key, now, a)
