@@ -17,8 +17,10 @@ script's wall time, so a script preempted by another process mid-call counts the
 the median beside it. Every rls decision must be decided by Redis (no
 failure-mode answer, else the run stops).
 
-Also printed: commands per decision (sent / run inside the script) for allowed and over-limit
-requests (over limit: rls answers keys it knows to be over from its local cache); bytes per
+Also printed: the commands an rls script runs, alone in a script (no logic), against the same
+reference (FLOOR_SCRIPTS: what the command set costs inside Lua); commands per decision (sent /
+run inside the script) for allowed and over-limit requests (over limit: rls answers keys it
+knows to be over from its local cache); bytes per
 counter (`MEMORY USAGE key SAMPLES 0` after 1 and 100 hits); and Redis µs per decision of the
 log-based algorithms with 10 … 5,000 entries already in the log (filled with ZADD), which
 shows that a check no longer grows with the log.
@@ -250,6 +252,25 @@ def reference_costs(client: Any, n: int) -> list[dict[str, Any]]:
 
 
 
+# The commands an rls script runs, alone in a script (no Lua logic): what the command set costs
+# inside Redis's Lua, next to what the same decision costs with rls's logic around it.
+FLOOR_SCRIPTS = {
+    "fixed_window": """
+redis.call('MGET', unpack(KEYS))
+for i = 1, #KEYS do redis.call('INCRBY', KEYS[i], 1) end
+return 1""",
+    "sliding_log": """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+for i = 1, #KEYS do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - 60000)
+  redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+  redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
+  redis.call('ZADD', KEYS[i], now, now .. ':' .. ARGV[1])
+end
+return 1""",
+}
+
 SCRIPT_TARGET_US = 10.0  # fixed window, 1 descriptor
 CPU_TARGET = 1.5  # x INCRBY+EXPIRE, 1 and 3 descriptors
 LOG_TARGET = 2.0  # sliding_log x the ZREMRANGEBYSCORE + ZCARD + ZADD log
@@ -332,11 +353,23 @@ async def target_costs(url: str, client: Any, n: int, rounds: int) -> list[dict[
                     pipe.zadd(key, {f"{now_ms}:{i}": now_ms})
                 await pipe.execute()
 
+            floor_script = FLOOR_SCRIPTS.get(algorithm)
+            floor_sha = client.script_load(floor_script) if floor_script else None
+
+            async def floor_one(i: int, descs: tuple = descs, sha: Any = floor_sha) -> None:
+                u = users[i % len(users)]
+                keys = ["floor_" + reference_key(tuple((k, u if k == "user" else v)
+                                                       for k, v in e), 0) for e in descs]
+                await plain.evalsha(sha, len(keys), *keys, i)
+
             for i in range(2 * len(users)):  # steady state: every key exists
                 await rls_one(i)
                 await ref_one(i)
                 await log_one(i)
-            got: dict[str, list[float]] = {"cpu": [], "script": [], "ref": [], "log": []}
+                if floor_sha:
+                    await floor_one(i)
+            got: dict[str, list[float]] = {"cpu": [], "script": [], "ref": [], "log": [],
+                                           "floor": []}
             for _ in range(rounds):
                 cpu, script = await timed_block(client, n, rls_one)
                 got["cpu"].append(cpu)
@@ -344,6 +377,8 @@ async def target_costs(url: str, client: Any, n: int, rounds: int) -> list[dict[
                 got["ref"].append((await timed_block(client, n, ref_one))[0])
                 if algorithm in ("sliding_log", "concurrency"):
                     got["log"].append((await timed_block(client, n, log_one))[0])
+                if floor_sha:
+                    got["floor"].append((await timed_block(client, n, floor_one))[0])
             failed = sum(s.value for m in metrics.registry.collect() for s in m.samples
                          if s.name == "rls_backend_errors_total")
             if failed:
@@ -357,6 +392,11 @@ async def target_costs(url: str, client: Any, n: int, rounds: int) -> list[dict[
                    "ref_cpu_us": round(median(got["ref"]), 1),
                    "cpu_x_ref": round(median([a / b for a, b in zip(got["cpu"], got["ref"],
                                                                     strict=True)]), 2)}
+            base = got["log"] or got["ref"]  # the reference each target compares with
+            if got["floor"]:
+                row["floor_cpu_us"] = round(median(got["floor"]), 1)
+                row["floor_x"] = round(median([a / b for a, b in zip(got["floor"], base,
+                                                                      strict=True)]), 2)
             if got["log"]:
                 row["log_cpu_us"] = round(median(got["log"]), 1)
                 row["cpu_x_log"] = round(median([a / b for a, b in zip(got["cpu"], got["log"],
@@ -432,13 +472,16 @@ def main() -> None:
 
     print()
     t0 = table(["algorithm", "request", "script µs best", "median", "server CPU µs",
-                "INCRBY+EXPIRE CPU µs", "x INCRBY+EXPIRE", "ZCARD log CPU µs", "x ZCARD log"],
+                "INCRBY+EXPIRE CPU µs", "x INCRBY+EXPIRE", "ZCARD log CPU µs", "x ZCARD log",
+                "its commands alone, x"],
                [[r["algorithm"], r["request"], r["script_us"], r["script_us_median"],
                  r["cpu_us"], r["ref_cpu_us"], r["cpu_x_ref"], r.get("log_cpu_us"),
-                 r.get("cpu_x_log")] for r in targets],
+                 r.get("cpu_x_log"), r.get("floor_x")] for r in targets],
                f"Redis cost per decision ({args.rounds} rounds of {args.decisions} sequential "
                "decisions; script µs = EVALSHA usec per decision, best round and median; "
                "server CPU = INFO cpu, medians; x = median of per-round ratios; "
+               "its commands alone = the commands the rls script runs, in a script without "
+               "its logic, x the same reference; "
                f"load average {os.getloadavg()[0]:.1f}; "
                f"{'Redis and client pinned to separate cores' if pinned else 'not pinned'})")
     checks = verdicts(targets)
