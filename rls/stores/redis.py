@@ -37,7 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rls.core.admission import admit
-from rls.core.algorithms import ALGORITHM_IDS, REGISTRY
+from rls.core.algorithms.registry import BY_NAME, REGISTRY
 from rls.core.model import NEGATIVE, Check, Outcome, Verdict
 from rls.core.usage import UsageOp
 from rls.stores.base import BackendError, StoreDown
@@ -45,10 +45,10 @@ from rls.stores.breaker import CircuitBreaker
 from rls.stores.clock import REFRESH_S, StoreClock
 from rls.stores.connect import connect
 from rls.stores.pipelining import ScriptBatcher
-from rls.stores.scripts import CHECK, decide_script, lean_script
+from rls.stores.scripts import decide_script, lean_script, request_args
 from rls.stores.scripts import lean_verdict as _lean_verdict
 from rls.stores.scripts import verdict as _verdict
-from rls.stores.windows import counts_in_window, expiry_ms, layout, window_bounds, window_key
+from rls.stores.windows import store_key
 
 log = logging.getLogger("rls.backend")
 
@@ -101,7 +101,6 @@ class RedisBackend:
         # (at most 2^len(REGISTRY), keyed by a bit per algorithm): rls/stores/scripts.py.
         self._lean = self.client.register_script(lean_script())
         self._mixes: dict[int, Any] = {}
-        self._bits = {spec.name: 1 << spec.id for spec in REGISTRY}
         self._call = (
             ScriptBatcher(self.client) if auto_pipeline and not self.cluster else self._direct
         )
@@ -173,8 +172,7 @@ class RedisBackend:
         await loop.run_in_executor(self._probe_thread, self.clock.sync, self._probe_client.time)
 
     async def _keep_clock(self) -> None:
-        """Read the store's clock again every REFRESH_S; a failed reading keeps the last one
-        (the store being down is the breaker's business, not the clock's)."""
+        """A reading every REFRESH_S; a failed one keeps the last (an ill store: the breaker's)."""
         while True:
             await asyncio.sleep(REFRESH_S)
             try:
@@ -305,7 +303,7 @@ class RedisBackend:
         """SCRIPT LOAD the lean script and the single-algorithm script of each named algorithm,
         so that a process can say it is ready before its first call. (Any other mix loads on
         first use: EVALSHA answers NOSCRIPT once and redis-py loads it.)"""
-        scripts = [self._lean, *(self._mix(self._bits[name]) for name in algorithms)]
+        scripts = [self._lean, *(self._mix(1 << BY_NAME[name].id) for name in algorithms)]
         for script in scripts:
             await self.client.script_load(script.script)
 
@@ -317,59 +315,23 @@ class RedisBackend:
             script = self._mixes[mask] = self.client.register_script(decide_script(names))
         return script
 
-    def _store_key(self, check: Check, now_ms: int) -> str:
-        """The Redis key of a check's counter at `now_ms`: a plain fixed window's own window key,
-        else the counter key (rls/stores/windows.py)."""
-        if counts_in_window(check):
-            return window_key(check.key, check.limit.window_ms, now_ms)
-        return check.key
-
     def _slots(self, checks: Sequence[Check], now_ms: int) -> list[list[int]]:
         """Indexes of the checks grouped by the Cluster slot of their keys at `now_ms`."""
         groups: dict[int, list[int]] = {}
         for i, c in enumerate(checks):
-            groups.setdefault(self.client.keyslot(self._store_key(c, now_ms)), []).append(i)
+            groups.setdefault(self.client.keyslot(store_key(c, now_ms)), []).append(i)
         return list(groups.values())
 
     def _script_args(
         self, checks: Sequence[Check], now_ms: int | None, mode: str
     ) -> tuple[Any, list[str], list[Any], int]:
-        """The script for this request, its KEYS, its ARGV, and the time its windows are of.
-
-        Plain fixed windows without flags, decided or evaluated, take the lean script
-        (lua/decide_fixed_window.lua: per check, the most its counter may hold, hits and the
-        expiry of a new window key, as decimal arguments the script's arithmetic reads as they
-        are). Anything else takes lua/decide.lua with the algorithms present, all of a check's
-        numbers packed as 11 little-endian doubles in one argument (each argument costs the
-        client an encoding step). Windows come from `now_ms` when the caller fixes the time,
-        else from the store's clock; other algorithms then read Redis TIME in the script.
-        """
+        """The script for this request, its KEYS, its ARGV (rls/stores/scripts.py
+        `request_args`), and the time its windows are of: `now_ms` when the caller fixes the
+        time, else the store's clock (other algorithms then read Redis TIME in the script)."""
         now = self.clock.now_ms() if now_ms is None else now_ms
-        keys = [self._store_key(c, now) for c in checks]
-        if mode in ("d", "e") and all(not c.flags and counts_in_window(c) for c in checks):
-            room = [str(c.limit.requests_per_unit - max(c.hits, 1)) for c in checks]
-            hits = [str(c.hits) for c in checks]
-            ttl = [str(expiry_ms(c.limit.window_ms, now)) for c in checks]
-            return self._lean, keys, [mode, *room, *hits, *ttl], now
-        mask = 0
-        bits = self._bits
-        pack = CHECK.pack
-        general = []
-        for c in checks:
-            lim = c.limit
-            mask |= bits[lim.algorithm]
-            if counts_in_window(c):
-                start, stop, prev = window_bounds(lim.window_ms, now)
-            else:
-                start, stop, prev = c.bounds or (0, 0, 0)
-            fw_layout = layout(c) if lim.algorithm == "fixed_window" else 0
-            burst = lim.burst if lim.burst is not None else lim.requests_per_unit
-            general.append(
-                pack(ALGORITHM_IDS[lim.algorithm], c.flags, c.hits, lim.requests_per_unit,
-                     lim.window_ms, burst, lim.overdraft, start, stop, prev, fw_layout)
-            )
-        script_now = "" if now_ms is None else str(now_ms)
-        return self._mix(mask), keys, [script_now, mode, b"".join(general)], now
+        keys = [store_key(c, now) for c in checks]
+        mask, args = request_args(checks, mode, now_ms, now)
+        return (self._lean if mask is None else self._mix(mask)), keys, args, now
 
     def _verdict(
         self, script: Any, res: list[Any], checks: Sequence[Check], mode: str, now: int

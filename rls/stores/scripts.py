@@ -27,8 +27,9 @@ from importlib import resources
 from typing import Any
 
 from rls.core.algorithms.base import GRACE_MS
-from rls.core.algorithms.registry import BY_NAME, REGISTRY
+from rls.core.algorithms.registry import ALGORITHM_IDS, BY_NAME, REGISTRY
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome, Verdict
+from rls.stores.windows import counts_in_window, expiry_ms, layout, window_bounds
 from rls.stores.windows import lua_prelude as windows_prelude
 
 LEAN_FILE = "decide_fixed_window.lua"
@@ -91,6 +92,44 @@ def decide_script(names: Iterable[str] | None = None) -> str:
     if unknown:
         raise ValueError(f"unknown algorithms: {sorted(unknown)}")
     return _decide_script(chosen)
+
+
+def request_args(
+    checks: Sequence[Check], mode: str, now_ms: int | None, now: int
+) -> tuple[int | None, list[Any]]:
+    """(None, ARGV of the lean script) or (a bit per algorithm present, ARGV of lua/decide.lua)
+    for this request; `now` is the time its windows are of, `now_ms` the caller's fixed time.
+
+    Plain fixed windows without flags, decided or evaluated, take the lean script
+    (lua/decide_fixed_window.lua: per check, the most its counter may hold, hits and the expiry
+    of a new window key, as decimal arguments the script's arithmetic reads as they are).
+    Anything else takes lua/decide.lua with the algorithms present, all of a check's numbers
+    packed as 11 little-endian doubles in one argument (each argument costs the client an
+    encoding step), and the script reads Redis TIME unless the caller fixes the time.
+    """
+    if mode in ("d", "e") and all(not c.flags and counts_in_window(c) for c in checks):
+        room = [str(c.limit.requests_per_unit - max(c.hits, 1)) for c in checks]
+        hits = [str(c.hits) for c in checks]
+        ttl = [str(expiry_ms(c.limit.window_ms, now)) for c in checks]
+        return None, [mode, *room, *hits, *ttl]
+    mask = 0
+    pack = CHECK.pack
+    general = []
+    for c in checks:
+        lim = c.limit
+        algorithm = ALGORITHM_IDS[lim.algorithm]
+        mask |= 1 << algorithm
+        if counts_in_window(c):
+            start, stop, prev = window_bounds(lim.window_ms, now)
+        else:
+            start, stop, prev = c.bounds or (0, 0, 0)
+        fw_layout = layout(c) if lim.algorithm == "fixed_window" else 0
+        burst = lim.burst if lim.burst is not None else lim.requests_per_unit
+        general.append(
+            pack(algorithm, c.flags, c.hits, lim.requests_per_unit, lim.window_ms, burst,
+                 lim.overdraft, start, stop, prev, fw_layout)
+        )
+    return mask, ["" if now_ms is None else str(now_ms), mode, b"".join(general)]
 
 
 def verdict(res: list[Any]) -> Verdict:

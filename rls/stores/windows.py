@@ -52,6 +52,14 @@ def window_key(key: str, window_ms: int, now_ms: int) -> str:
     return f"{key}@{now_ms // window_ms}"
 
 
+def store_key(check: Check, now_ms: int) -> str:
+    """The Redis key of a check's counter at `now_ms`: a plain fixed window's own window key,
+    else the counter key."""
+    if counts_in_window(check):
+        return window_key(check.key, check.limit.window_ms, now_ms)
+    return check.key
+
+
 def window_bounds(window_ms: int, now_ms: int) -> tuple[int, int, int]:
     """(start, end, previous start) of the epoch window holding `now_ms`."""
     start = now_ms - now_ms % window_ms
