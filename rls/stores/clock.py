@@ -10,9 +10,14 @@ host's wall clock stands in.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
+
+log = logging.getLogger("rls.backend")
 
 REFRESH_S = 30.0  # monotonic clocks drift by parts per million: a reading a minute is plenty
 SAMPLES = 3
@@ -35,6 +40,10 @@ class StoreClock:
     def now_ms(self) -> int:
         return int(time.monotonic() * 1000 + self._offset_ms)
 
+    def host_skew_ms(self) -> float:
+        """How far the store's clock is ahead of this host's wall clock (negative: behind)."""
+        return time.monotonic() * 1000 + self._offset_ms - time.time() * 1000
+
     def sync(self, read_time: Callable[[], Any], samples: int = SAMPLES) -> None:
         """Take a reading (blocking: run it in a thread, its client's socket timeout bounds
         it). Raises what `read_time` raises; the previous offset then stays."""
@@ -50,3 +59,27 @@ class StoreClock:
         self._offset_ms = best[1]
         self.error_ms = best[0] * 500
         self.synced = True
+
+    async def sync_in(self, executor: Executor, read_time: Callable[[], Any]) -> None:
+        """`sync` in `executor` (the probe's thread: our own lag cannot skew a reading); warns
+        when the store's clock is more than a second off this host's."""
+        await asyncio.get_running_loop().run_in_executor(executor, self.sync, read_time)
+        skew = self.host_skew_ms()
+        if abs(skew) > 1000:  # windows follow the store; say so where an operator looks
+            log.warning("redis clock is %.0f ms %s this host's; windows follow redis", abs(skew),
+                        "ahead of" if skew > 0 else "behind")
+
+    async def keep(
+        self,
+        executor: Executor,
+        read_time: Callable[[], Any],
+        errors: tuple[type[BaseException], ...],
+    ) -> None:
+        """A reading every REFRESH_S until cancelled; a failed one (`errors`) keeps the last:
+        an ill store is the breaker's business, not the clock's."""
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            try:
+                await self.sync_in(executor, read_time)
+            except errors as exc:
+                log.debug("store clock not read: %s", exc)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -42,15 +41,13 @@ from rls.core.model import NEGATIVE, Check, Outcome, Verdict
 from rls.core.usage import UsageOp
 from rls.stores.base import BackendError, StoreDown
 from rls.stores.breaker import CircuitBreaker
-from rls.stores.clock import REFRESH_S, StoreClock
+from rls.stores.clock import StoreClock
 from rls.stores.connect import connect
 from rls.stores.pipelining import ScriptBatcher
 from rls.stores.scripts import decide_script, lean_script, request_args
 from rls.stores.scripts import lean_verdict as _lean_verdict
 from rls.stores.scripts import verdict as _verdict
 from rls.stores.windows import store_key
-
-log = logging.getLogger("rls.backend")
 
 
 def _queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
@@ -157,28 +154,18 @@ class RedisBackend:
             await self._lean(keys=[], args=["e"])  # EVALSHA allowed (ACL)?
             warm = min(self.pool_size, 8)
             await asyncio.gather(*(self.client.ping() for _ in range(warm)))
-            await self._sync_clock()
+            await self.clock.sync_in(self._probe_thread, self._probe_client.time)
         except (RedisError, OSError) as exc:
             why = _rejection(exc)
             if why is not None:
                 raise StoreRejected(f"redis refuses rls: {why}") from exc
             raise BackendError(f"redis not reachable: {exc}") from exc
         if self._clock_task is None:
-            self._clock_task = asyncio.create_task(self._keep_clock(), name="rls-store-clock")
+            self._clock_task = asyncio.create_task(
+                self.clock.keep(self._probe_thread, self._probe_client.time, (RedisError, OSError)),
+                name="rls-store-clock",
+            )
         self.breaker.close()
-
-    async def _sync_clock(self) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._probe_thread, self.clock.sync, self._probe_client.time)
-
-    async def _keep_clock(self) -> None:
-        """A reading every REFRESH_S; a failed one keeps the last (an ill store: the breaker's)."""
-        while True:
-            await asyncio.sleep(REFRESH_S)
-            try:
-                await self._sync_clock()
-            except (RedisError, OSError) as exc:
-                log.debug("store clock not read: %s", exc)
 
     async def close(self) -> None:
         if self._clock_task is not None:

@@ -75,3 +75,15 @@ async def test_a_skewed_host_counts_in_the_store_window(server: RedisServer):
     finally:
         await good.close()
         await skewed.close()
+
+
+async def test_a_store_clock_far_from_the_host_is_logged(server: RedisServer, caplog):
+    backend = RedisBackend(server.url, timeout_ms=2000)
+    try:
+        with caplog.at_level("WARNING", logger="rls.backend"):
+            await backend.clock.sync_in(backend._probe_thread,
+                                        lambda: divmod((int(time.time() * 1000) - HOUR_MS) * 1000,
+                                                       1_000_000))
+        assert "redis clock is" in caplog.text and "behind this host's" in caplog.text
+    finally:
+        await backend.close()
