@@ -106,6 +106,12 @@ signal.signal(signal.SIGTERM, _on_term)
 # --------------------------------------------------------------------------- processes
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

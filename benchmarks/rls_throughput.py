@@ -38,6 +38,7 @@ from _common import (
     median,
     metric_sum,
     print_targets,
+    process_cpu_s,
     request_bytes,
     start_floor,
     start_redis,
@@ -62,10 +63,15 @@ def measured_run(target: dict[str, Any], variant: str, args: argparse.Namespace,
     url = f"http://127.0.0.1:{target['port']}{METHOD}"
     rls = target.get("rls")
     before = rls.metrics() if rls else None
+    pid = target["proc"].proc.pid
+    cpu_before = process_cpu_s(pid)
     res = h2load(url, target["bodies"][variant], clients=args.clients,
                  streams=args.streams, duration=args.duration,
                  label=f"{target['name']}/{variant}", log_dir=log_dir)
     res.check()
+    # The server's own CPU per call (all its threads: grpc's poller included), h2load's aside.
+    cpu_us = (process_cpu_s(pid) - cpu_before) * 1e6 / max(res.total, 1)
+    target.setdefault("cpu", {}).setdefault(variant, []).append(cpu_us)
     if rls is None:
         return res
     # h2load -D stops counting at the deadline: up to clients x streams calls still in
@@ -112,10 +118,11 @@ def main() -> None:
     bodies = {"allowed": write_frame(d / "allowed.bin", allowed),
               "over": write_frame(d / "over.bin", over)}
     targets = [
-        {"name": "floor", "port": floor.grpc_port, "bodies": bodies, "variants": ["allowed"]},
-        {"name": "rls memory", "port": mem.grpc_port, "bodies": bodies, "rls": mem,
+        {"name": "floor", "port": floor.grpc_port, "bodies": bodies, "proc": floor,
+         "variants": ["allowed"]},
+        {"name": "rls memory", "port": mem.grpc_port, "bodies": bodies, "rls": mem, "proc": mem,
          "variants": ["allowed", "over"]},
-        {"name": "rls redis", "port": red.grpc_port, "bodies": bodies, "rls": red,
+        {"name": "rls redis", "port": red.grpc_port, "bodies": bodies, "rls": red, "proc": red,
          "variants": ["allowed", "over"]},
     ]
 
@@ -148,19 +155,22 @@ def main() -> None:
         rps = median([x.rps for x in rs])
         lat = latency_stats([us for x in rs for us in x.latencies_us])
         trips = t.get("trips", {}).get(v)
+        cpu_us = median(t["cpu"][v])
         fm: FailureModeAnswers | None = t.get("fm", {}).get(v) if "rls" in t else None
         entry = {
             "target": t["name"], "variant": v, "rps_median": round(rps, 1),
             "rps_rounds": [round(x.rps, 1) for x in rs],
             "ratio_to_floor": round(rps / floor_rps, 3),
             "requests": sum(x.total for x in rs), "latency": lat,
+            "server_cpu_us_per_call": round(cpu_us, 1),
             "backend_roundtrips_per_call": None if trips is None else round(median(trips), 3),
             **(fm.json() if fm is not None else {"failure_mode_answers": None, "valid": True}),
             "h2load": [x.summary() for x in rs],
         }
         out.append(entry)
         rows.append([t["name"], v, rps, " ".join(f"{x.rps:.0f}" for x in rs),
-                     f"{rps / floor_rps:.2f}", lat.get("mean_ms"), lat.get("p50_ms"),
+                     f"{rps / floor_rps:.2f}", f"{cpu_us:.0f}", lat.get("mean_ms"),
+                     lat.get("p50_ms"),
                      lat.get("p99_ms"), lat.get("p999_ms"),
                      "-" if trips is None else f"{median(trips):.2f}",
                      "-" if fm is None else fm.count, validity(fm)])
@@ -171,7 +181,8 @@ def main() -> None:
                 ratio >= goal[t["name"]], fm))
     title = (f"RLS throughput: h2load -c {args.clients} -m {args.streams}, {args.duration:g} s x "
              f"{args.rounds} round(s), 3-descriptor request")
-    text = table(["target", "variant", "req/s (median)", "rounds", "x floor", "mean ms",
+    text = table(["target", "variant", "req/s (median)", "rounds", "x floor",
+                  "server CPU µs/call", "mean ms",
                   "p50 ms", "p99 ms", "p99.9 ms", "redis trips/call", "failure-mode answers",
                   "valid"], rows, title)
     ratios = {f"{e['target']}/{e['variant']}": e["ratio_to_floor"] for e in out
