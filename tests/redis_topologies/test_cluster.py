@@ -281,3 +281,31 @@ async def test_concurrent_multi_slot_never_exceeds_limit(open_target, cluster):
     assert await target.errors() == 0
     print(f"multi-slot: admitted {admitted}; wide counter charged {used_wide} "
           f"({used_wide - admitted} charges for requests rejected on the other slot)")
+
+
+async def test_a_request_reads_the_store_clock_once_across_slots(cluster):
+    """Plain fixed windows live in keys of their own window, and a window's key has its own
+    slot: grouping checks by slot and running the scripts must use one reading of the clock.
+    Readings that alternate across a window boundary (as two readings of one request could)
+    must still decide every request in one window, on the slots that window's keys are on."""
+    from rls.config.model import Limit, Unit
+    from rls.core.model import Check
+    from rls.stores.windows import window_key
+
+    backend = RedisBackend(cluster.url, timeout_ms=5000)
+    await backend.start()
+    try:
+        lim = Limit(3, Unit.MINUTE)
+        boundary = (int(time.time() * 1000) // lim.window_ms + 1) * lim.window_ms
+        readings = iter([boundary - 1, boundary + 1] * 50)
+        backend.clock.now_ms = lambda: next(readings)  # type: ignore[method-assign]
+        run = f"clock-once-{time.monotonic_ns()}"
+        checks = [Check(i, lim, f"{run}:{i}", 1) for i in range(6)]  # spread over the masters
+        admitted = [(await backend.decide(checks)).admitted for _ in range(7)]
+        assert admitted == [True] * 6 + [False]  # 3 per window, then the first window is full
+        for c in checks:
+            for at in (boundary - 1, boundary + 1):
+                k = window_key(c.key, lim.window_ms, at)
+                assert cluster.slot_owner(k).client().get(k) == b"3", (k, at)
+    finally:
+        await backend.close()
