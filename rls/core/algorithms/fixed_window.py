@@ -3,6 +3,8 @@
 Windows are epoch-aligned like envoyproxy/ratelimit, or calendar windows whose bounds the
 limiter computes (`check.bounds`). State is (window start, usage, debt at window start): the
 window travels in the value, not the key, so keys are stable and a stale value reads as zero.
+(Redis stores a plain window, no overdraft, calendar or rolling, as an integer in a key of its
+own window instead, rls/stores/windows.py: the same decisions for fewer Redis instructions.)
 
 Overdraft D: a window that starts free of debt may use up to limit + D; what it used beyond the
 limit is owed by the next window, which then allows limit - debt and no borrowing
