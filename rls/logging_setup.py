@@ -47,6 +47,10 @@ def setup_logging(level: str, fmt: str, worker: str | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # watchfiles logs every batch of changes it sees at INFO. rls logs the config changes that
+    # matter itself ("config change detected: <files>"); watchfiles' own line, for a log file
+    # kept in the config directory, was a change of its own: a line every 100 ms, forever.
+    logging.getLogger("watchfiles").setLevel(max(logging.WARNING, root.level))
 
 
 class LogGate:

@@ -6,6 +6,8 @@ import asyncio
 import logging
 import os
 import signal
+import threading
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,25 @@ from rls.stores.redis import StoreRejected
 from rls.workers import shared_dir, watch_supervisor
 
 log = logging.getLogger("rls.server")
+
+# Every shutdown step is bounded: SIGTERM must end in an exit whatever a library does. A step
+# that overruns is logged and left behind; a loop that stops turning is the watchdog's.
+SHUTDOWN_STEP_S = 5.0
+SHUTDOWN_WATCHDOG_S = 20.0  # beyond the delay and the drain
+
+
+async def _bounded(what: str, step: Awaitable[object], seconds: float = SHUTDOWN_STEP_S) -> None:
+    try:
+        async with asyncio.timeout(seconds):
+            await step
+    except TimeoutError:
+        log.error("shutdown: %s still running after %g s; going on without it", what, seconds)
+
+
+def _shutdown_overran() -> None:
+    log.critical("shutdown did not finish in time: exiting now")
+    logging.shutdown()
+    os._exit(1)
 
 _CIRCUIT_VALUE = {CLOSED: 0.0, OPEN: 1.0, HALF_OPEN: 0.5}
 
@@ -368,6 +389,12 @@ class Server:
     ) -> None:
         app, settings = self.app, self.settings
         log.info("shutting down: draining in-flight calls")
+        watchdog = threading.Timer(
+            settings.shutdown_delay_ms / 1000 + settings.drain_seconds + SHUTDOWN_WATCHDOG_S,
+            _shutdown_overran,
+        )
+        watchdog.daemon = True
+        watchdog.start()
         self.state.draining = True
         self.draining.set()
         await set_serving(self.health, False)
@@ -375,18 +402,21 @@ class Server:
         # has received but not yet handed to a handler when stop() begins (grpc/grpc#41785),
         # and load balancers need a moment to notice the readiness change.
         await asyncio.sleep(settings.shutdown_delay_ms / 1000)
-        await server.stop(grace=settings.drain_seconds)
+        await _bounded("the gRPC server's stop", server.stop(grace=settings.drain_seconds),
+                       settings.drain_seconds + SHUTDOWN_STEP_S)
         if self.cache is not None:
-            await self.cache.close()  # lets pending stores finish (bounded), closes the store
-        await counters.close()
+            # lets pending stores finish (bounded), closes the store
+            await _bounded("the response cache", self.cache.close())
+        await _bounded("the counters service", counters.close())
         for task in self.tasks:
             task.cancel()
         app.limiter.lag.stop()
         self.pauses.uninstall()
         app.metrics.flush()
-        await app.holder.stop()
-        await runner.cleanup()
-        await app.backend.close()
+        await _bounded("the config watcher", app.holder.stop())
+        await _bounded("the admin server", runner.cleanup())
+        await _bounded("the store", app.backend.close())
+        watchdog.cancel()
         log.info("stopped")
 
 

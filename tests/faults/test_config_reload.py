@@ -129,3 +129,19 @@ def rls_http_config(rls) -> str:
     from conftest import http_get
 
     return http_get(rls.http_url + "/rlconfig?format=json")[1].decode()
+
+
+async def test_a_log_file_in_the_config_directory_does_not_feed_the_watcher(
+    rls_factory, tmp_path: Path
+):
+    """rls's log sits next to its config here (as `rls serve --config . 2>> rls.log` would
+    have it). watchfiles' own INFO line per change was itself a change of that log: a line
+    every 100 ms, forever. rls names the config changes that matter; nothing else is logged."""
+    path = tmp_path / "cr.yaml"
+    path.write_text(V1)
+    rls = start_rls(rls_factory, path, args=RELOAD)
+    path.write_text(V2)
+    eventually(lambda: rls.log().count("config loaded") >= 2, 20, "the edited config reloaded")
+    log = rls.log()
+    assert "watchfiles" not in log, log[-2000:]
+    assert log.count("config change detected") == 1, log[-2000:]

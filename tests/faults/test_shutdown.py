@@ -108,3 +108,17 @@ async def test_sigterm_drains_in_flight_calls_and_exits_zero(rls_factory, tmp_pa
     assert code == 0, rls.log()[-3000:]
     log = rls.log()
     assert "draining in-flight calls" in log and "stopped" in log
+
+
+async def test_a_shutdown_step_that_never_ends_is_left_behind(caplog):
+    """Each shutdown step is bounded (rls/server.py `_bounded`): a library call that never
+    returns is logged by name and the drain goes on, so SIGTERM still ends in an exit."""
+    from rls.server import _bounded
+
+    never = asyncio.get_running_loop().create_future()
+    started = time.monotonic()
+    with caplog.at_level("ERROR", logger="rls.server"):
+        await _bounded("a stuck step", never, 0.2)
+    assert time.monotonic() - started < 5  # bounded (0.2 s asked), not waiting forever
+    assert "a stuck step still running after 0.2 s" in caplog.text
+    assert never.cancelled()
