@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,10 @@ from support.net import free_port
 from support.processes import stop_process
 from support.redis_server import RedisServer, start_redis
 from support.waiting import wait_until
+
+from rls.stores.base import Backend
+from rls.stores.memory import MemoryBackend
+from rls.stores.redis import RedisBackend
 
 __all__ = [  # re-exported for the suites that import them from conftest
     "ROOT", "RedisServer", "RlsProcess", "free_port", "http_get", "start_redis", "wait_until",
@@ -38,6 +42,18 @@ def redis_url(redis_server: RedisServer) -> str:
     """A flushed Redis for this test."""
     redis_server.client().flushall()
     return redis_server.url
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def memory_or_redis(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    """The same test on the in-process store and on a real Redis (started, then closed)."""
+    if request.param == "memory":
+        yield MemoryBackend(sweep_interval=0)
+        return
+    store = RedisBackend(request.getfixturevalue("redis_url"), timeout_ms=2000)
+    await store.start()
+    yield store
+    await store.close()
 
 
 @dataclass

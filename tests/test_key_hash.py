@@ -24,7 +24,6 @@ from rls.core.keys import counter_key
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
 from rls.metrics import Metrics
 from rls.settings import Settings
-from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
 
 
@@ -115,15 +114,9 @@ def test_merged_files_of_a_domain_must_agree_on_key_hash() -> None:
     assert (err.value.file, err.value.line) == ("b.yaml", 2)
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def backend(request: pytest.FixtureRequest):
-    if request.param == "memory":
-        yield MemoryBackend(sweep_interval=0)
-        return
-    store = RedisBackend(request.getfixturevalue("redis_url"), timeout_ms=2000)
-    await store.start()
-    yield store
-    await store.close()
+@pytest.fixture
+def backend(memory_or_redis):  # the shared memory/Redis store (tests/conftest.py)
+    return memory_or_redis
 
 
 async def test_a_hashed_domain_counts_and_answers_queries_by_descriptor(backend) -> None:

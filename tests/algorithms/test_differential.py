@@ -30,13 +30,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
 from rls.config.model import Limit, Unit
-from rls.core.model import Check
+from rls.core.model import Check, Verdict
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
 
@@ -136,6 +137,18 @@ def _checks(trace: Trace, req: Request, prefix: str, limits: list[Limit]) -> lis
     ]
 
 
+def assert_matches_model(got: Verdict, admitted: bool, expected: list[Any], where: str) -> None:
+    """rls's verdict against the model's, check by check (a model reset of None: not pinned)."""
+    assert got.admitted == admitted, f"admitted at {where}: model {admitted}, rls {got}"
+    for i, (out, exp) in enumerate(zip(got.outcomes, expected, strict=True)):
+        msg = f"check {i} at {where}:\n  model {exp}\n  rls   {out}"
+        assert (out.ok, out.charged) == (exp.ok, exp.charged), msg
+        assert out.remaining in exp.remaining, msg
+        assert out.used in exp.used, msg
+        if exp.reset is not None:
+            assert out.reset_ms == exp.reset, msg
+
+
 def _where(step: int, req: Request) -> str:
     return f"step {step} at +{req.now - BASE_MS} ms, checks (key, hits, negative) {req.checks}"
 
@@ -179,15 +192,7 @@ async def replay_model(algorithm: str, trace: Trace, redis: Guarded) -> None:
                 [(c.key, c.hits, c.flags) for c in checks],
                 [o.ok for o in got.outcomes],
             )
-            where = f"{backend.name} {_where(step, req)}"
-            assert got.admitted == admitted, f"admitted at {where}: model {admitted}, rls {got}"
-            for i, (out, exp) in enumerate(zip(got.outcomes, expected, strict=True)):
-                msg = f"check {i} at {where}:\n  model {exp}\n  rls   {out}"
-                assert (out.ok, out.charged) == (exp.ok, exp.charged), msg
-                assert out.remaining in exp.remaining, msg
-                assert out.used in exp.used, msg
-                if exp.reset is not None:
-                    assert out.reset_ms == exp.reset, msg
+            assert_matches_model(got, admitted, expected, f"{backend.name} {_where(step, req)}")
 
 
 def _run(
