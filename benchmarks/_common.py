@@ -427,11 +427,12 @@ class FloorProc(Proc):
         return f"127.0.0.1:{self.grpc_port}"
 
 
-def start_floor(log_dir: Path) -> FloorProc:
-    """benchmarks/floor_server.py: an empty grpc.aio ShouldRateLimit handler."""
+def start_floor(log_dir: Path, loop: str = "auto") -> FloorProc:
+    """benchmarks/floor_server.py: an empty grpc.aio ShouldRateLimit handler, on the event loop
+    rls runs on (`loop`: auto, uvloop, asyncio; auto is rls's default too)."""
     port = free_port()
-    base = spawn([PYTHON, str(BENCH / "floor_server.py"), "--port", str(port)],
-                 f"floor-{port}", log_dir)
+    base = spawn([PYTHON, str(BENCH / "floor_server.py"), "--port", str(port), "--loop", loop],
+                 f"floor-{loop}-{port}", log_dir)
     floor = FloorProc(base.proc, base.log_path, base.name, port)
     wait_until(lambda: grpc_call(floor.grpc_addr, request_bytes("bench"))[0] == 0, 20,
                "floor server gRPC", base.proc, base.log_path)

@@ -4,7 +4,10 @@ Same server shape as `rls serve` (grpc.aio, a generic handler taking and returni
 the same server options), but no parsing, matching, counting or metrics. rls_throughput.py
 divides rls's throughput by this one's, measured in the same run on the same machine.
 
-    python benchmarks/floor_server.py --port 50051
+    python benchmarks/floor_server.py --port 50051 [--loop uvloop|asyncio]
+
+It runs on the event loop rls runs on (`--loop`, default uvloop where installed, as rls):
+a floor on another loop would credit or charge rls with the loop's own cost.
 """
 
 from __future__ import annotations
@@ -63,5 +66,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"))
     args = parser.parse_args()
-    asyncio.run(main(f"{args.host}:{args.port}"))
+    from rls.event_loop import loop_factory, loop_name
+
+    print(f"loop: {loop_name(args.loop)}", flush=True)
+    with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
+        runner.run(main(f"{args.host}:{args.port}"))

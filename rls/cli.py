@@ -15,6 +15,7 @@ from importlib import metadata
 from rls.cache import check_cache_file, is_cache_file
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.loader import discover, load_files, load_paths, read_text, yaml_files_under
+from rls.event_loop import loop_factory
 from rls.logging_setup import setup_logging
 from rls.settings import (
     CHOICES,
@@ -45,6 +46,7 @@ FLAGS = {
     "probe_interval_ms": "open circuit: PING the store this often; the first success closes it",
     "probe_timeout_ms": "a probe PING slower than this counts as failed",
     "log_format": "text or json",
+    "loop": "event loop: auto (uvloop where installed, else asyncio), uvloop or asyncio",
     "log_level": "debug, info, warning, error",
     "shadow_mode": "global shadow mode: report OVER_LIMIT as OK",
     "quota_mode": "treat every descriptor as a quota",
@@ -53,7 +55,7 @@ FLAGS = {
     "near_limit_ratio": "fraction of a limit counted as near_limit",
     "key_prefix": "prefix of every counter key",
     "local_cache": "answer keys known over limit without Redis until their reset (on/off)",
-    "auto_pipeline": "concurrent Redis calls of a worker share one round trip (on/off)",
+    "auto_pipeline": "decisions through one lean pipelined Redis connection per worker (on/off)",
     "reload_interval": "seconds between config change checks (0 = no reload)",
     "shutdown_delay_ms": "after SIGTERM, keep serving this long with readiness 503",
     "drain_seconds": "then the longest wait for in-flight calls before exiting",
@@ -425,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rls.server import serve
 
     try:
-        return asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=loop_factory(settings.loop)) as runner:
+            return runner.run(serve(settings))
     except KeyboardInterrupt:
         return 0

@@ -27,7 +27,6 @@ from rls.config.reload import ConfigHolder
 from rls.counters.grpc_api import CountersGrpc
 from rls.counters.model import CountersConfig, load_config
 from rls.counters.service import CountersService
-from rls.engine.budget import LoopLag
 from rls.engine.limiter import RateLimiter
 from rls.engine.top import TopTalkers, dumps_snapshot
 from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
@@ -41,6 +40,7 @@ from rls.settings import Settings
 from rls.stores import create_backend
 from rls.stores.base import Backend, BackendError
 from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from rls.stores.deadline import LoopLag
 from rls.stores.redis import StoreRejected
 from rls.workers import shared_dir, watch_supervisor
 
@@ -354,10 +354,11 @@ class Server:
 
     def _log_listening(self) -> None:
         log.info(
-            "rls serving gRPC on %s, admin on %s, backend %s%s",
+            "rls serving gRPC on %s, admin on %s, backend %s, %s loop%s",
             self.settings.grpc_addr,
             self.settings.http_addr,
             self.app.backend.name,
+            "uvloop" if "uvloop" in type(asyncio.get_running_loop()).__module__ else "asyncio",
             ", response cache on" if self.cache is not None else "",
         )
 

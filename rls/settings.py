@@ -9,6 +9,7 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 
+from rls.event_loop import uvloop_installed
 from rls.stores.urls import normalize_redis_url
 
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
@@ -38,7 +39,7 @@ class Settings:
     failure_mode: str = "allow"  # allow | deny when the backend cannot answer in time
     # Store-time budget of one decision when the caller sends no deadline (Envoy sends its
     # filter timeout as the gRPC deadline, and that is used instead, less deadline_margin_ms).
-    # Time this process itself lags (GC, CPU contention) is not counted: see engine/budget.py.
+    # Time this process itself lags (GC, CPU contention) is not counted: see stores/deadline.py.
     backend_timeout_ms: int = 50
     deadline_margin_ms: int = 3  # kept from the caller's deadline for answering (or 10 %)
     # A call still undecided after this long (wall clock) means rls is overloaded: UNAVAILABLE.
@@ -54,6 +55,8 @@ class Settings:
     probe_interval_ms: int = 100  # open circuit: PING the store this often; closes on success
     probe_timeout_ms: int = 200  # a probe PING slower than this counts as failed
     log_format: str = "text"
+    # The event loop: uvloop where installed (a dependency on Linux), else asyncio's own.
+    loop: str = "auto"
     log_level: str = "info"
     shadow_mode: bool = False  # global: OVER_LIMIT answered as OK (reference SHADOW_MODE)
     quota_mode: bool = False  # every descriptor is a quota (reference QUOTA_MODE)
@@ -93,6 +96,8 @@ class Settings:
                 raise SettingError(name, f"{value!r} is not one of {', '.join(allowed)}")
         if len(self.key_prefix.encode()) > 32:
             raise SettingError("key_prefix", "must be at most 32 bytes")
+        if self.loop == "uvloop" and not uvloop_installed():
+            raise SettingError("loop", "uvloop is not installed (pip install uvloop)")
         for name, low in MINIMUM.items():
             if getattr(self, name) < low:
                 raise SettingError(name, f"{getattr(self, name)!r} is below the minimum {low}")
@@ -149,6 +154,7 @@ LOG_LEVEL_ALIASES = {"warn": "warning", "trace": "debug", "fatal": "critical", "
 CHOICES: dict[str, tuple[str, ...]] = {
     "failure_mode": ("allow", "deny"),
     "log_format": ("text", "json"),
+    "loop": ("auto", "uvloop", "asyncio"),
     "log_level": ("debug", "info", "warning", "error", "critical"),
 }
 MINIMUM: dict[str, float] = {

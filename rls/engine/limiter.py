@@ -15,7 +15,6 @@ from rls.config.model import UNIT_SECONDS, Domain, Limit, RateLimitConfig, Unit
 from rls.core.keys import counter_key
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.core.usage import UsageOp, usage_ops
-from rls.engine.budget import OVERLOADED, LoopLag, store_deadline
 from rls.engine.calendar import CalendarCache
 from rls.engine.checks import match_cost, match_targets, merge_same_counter, passed_metadata
 from rls.engine.decision import (
@@ -37,6 +36,7 @@ from rls.memo import MATCH_MEMO_BYTES, MATCH_MEMO_ENTRIES, BoundedCache
 from rls.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.base import Backend, BackendError, StoreDown
+from rls.stores.deadline import OVERLOADED, Deadline, Guard, LoopLag
 
 log = logging.getLogger("rls.limiter")
 
@@ -72,6 +72,10 @@ class RateLimiter:
         self._overrides: dict[tuple[object, ...], Limit] = {}
         self._calendar = CalendarCache()
         self._decide_now = getattr(backend, "decide_now", None)
+        # A store that watches a call's deadline itself (the Redis wire, one timer per batch)
+        # is handed it; any other is guarded here.
+        self._own_deadlines = bool(getattr(backend, "own_deadlines", False))
+        self._probe = getattr(backend, "check_health", None)
         self._roundtrips = metrics.backend_calls.labels(backend.name)
         self._backend_errors = metrics.backend_errors.labels(backend.name, settings.failure_mode)
         self._failure_log = LogGate(per_second=1)
@@ -383,14 +387,19 @@ class RateLimiter:
             cap = min(cap, budget_s)
         # With our own budget (no caller deadline), a store that used it is asked directly
         # before the call is given up: only a failed probe is evidence of a slow store.
-        probe = getattr(backend, "check_health", None) if budget_s is None else None
-        deadline = None
+        caller = budget_s is not None
+        deadline = Deadline(self.lag, budget, cap, None if caller else self._probe, caller)
         try:
-            async with store_deadline(budget, self.lag, cap, probe) as deadline:
-                if usage:
-                    verdict = await backend.decide(checks, now_ms, usage, usage_ttl_ms)
-                else:
-                    verdict = await backend.decide(checks, now_ms)
+            if self._own_deadlines:
+                verdict = await backend.decide(  # type: ignore[call-arg]
+                    checks, now_ms, usage or (), usage_ttl_ms, deadline
+                )
+            else:
+                async with Guard(deadline):
+                    if usage:
+                        verdict = await backend.decide(checks, now_ms, usage, usage_ttl_ms)
+                    else:
+                        verdict = await backend.decide(checks, now_ms)
         except StoreDown as exc:
             self._backend_errors.inc()
             self._log_failure(exc)
@@ -400,7 +409,7 @@ class RateLimiter:
             self._log_failure(exc)
             return None, "store_error"
         except TimeoutError as exc:
-            reason = deadline.reason if deadline is not None else None
+            reason = deadline.reason
             if reason == OVERLOADED:
                 raise Overloaded(
                     f"rls overloaded: no decision within {settings.overload_cap_ms} ms"

@@ -1,7 +1,10 @@
 """Redis counters: one EVALSHA per request covering all of its checks (one round trip).
 
-redis-py's Script object does EVALSHA and reloads the script on NOSCRIPT by itself, so a
-restarted or flushed Redis needs no handling here. The URL schemes (standalone, TLS, unix,
+Decisions on standalone Redis and Sentinel go through the lean connection of
+`rls/stores/wire.py` (opened by redis-py, then one write per loop turn and hiredis replies;
+NOSCRIPT loads the script and sends the call again). Cluster decisions, usage statistics, and
+everything else go through redis-py (its Script object reloads a script on NOSCRIPT by itself),
+as do all decisions with `auto_pipeline=False`. The URL schemes (standalone, TLS, unix,
 Sentinel, Cluster) and the client built for each are `rls/stores/connect.py`'s job.
 
 Cluster: keys carry no hash tag, so counters spread over all slots. A request whose keys share
@@ -29,6 +32,7 @@ from redis.exceptions import (
     MaxConnectionsError,
     NoPermissionError,
     NoScriptError,
+    ReadOnlyError,
     RedisError,
     ResponseError,
 )
@@ -43,11 +47,12 @@ from rls.stores.base import BackendError, StoreDown
 from rls.stores.breaker import CircuitBreaker
 from rls.stores.clock import StoreClock
 from rls.stores.connect import connect
-from rls.stores.pipelining import ScriptBatcher
+from rls.stores.deadline import Deadline, Guard
 from rls.stores.scripts import decide_script, lean_script, request_args
 from rls.stores.scripts import lean_verdict as _lean_verdict
 from rls.stores.scripts import verdict as _verdict
 from rls.stores.windows import store_key
+from rls.stores.wire import ReplyError, Wire, pack, reply_exception
 
 
 def _queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
@@ -57,6 +62,21 @@ def _queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
         else:
             pipe.incr(key)
         pipe.pexpire(key, ttl_ms)
+
+
+async def _reply(future: asyncio.Future[Any], deadline: Deadline | None) -> Any:
+    """The wire's reply; TimeoutError when the call's deadline cancelled it."""
+    try:
+        return await future
+    except asyncio.CancelledError:
+        if deadline is None or deadline.reason is None:
+            raise  # our caller was cancelled
+        raise TimeoutError(deadline.reason) from None
+
+
+def _observed(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class StoreRejected(BackendError):
@@ -76,6 +96,7 @@ def _rejection(exc: Exception) -> str | None:
 
 class RedisBackend:
     name = "redis"
+    own_deadlines = True  # decide() takes the call's Deadline (the wire watches it per batch)
 
     def __init__(
         self,
@@ -98,8 +119,10 @@ class RedisBackend:
         # (at most 2^len(REGISTRY), keyed by a bit per algorithm): rls/stores/scripts.py.
         self._lean = self.client.register_script(lean_script())
         self._mixes: dict[int, Any] = {}
-        self._call = (
-            ScriptBatcher(self.client) if auto_pipeline and not self.cluster else self._direct
+        # The decisions' lean connection (standalone and Sentinel; redis-py opens it).
+        self._wire = (
+            Wire(self.client.connection_pool.make_connection, stale_s=socket_timeout)
+            if auto_pipeline and not self.cluster else None
         )
         self.pool_size = pool_size
         # redis-py's cluster client fails a call at once (MaxConnectionsError) when a node's
@@ -154,6 +177,8 @@ class RedisBackend:
             await self._lean(keys=[], args=["e"])  # EVALSHA allowed (ACL)?
             warm = min(self.pool_size, 8)
             await asyncio.gather(*(self.client.ping() for _ in range(warm)))
+            if self._wire is not None:
+                await self._wire.open()
             await self.clock.sync_in(self._probe_thread, self._probe_client.time)
         except (RedisError, OSError) as exc:
             why = _rejection(exc)
@@ -174,6 +199,8 @@ class RedisBackend:
                 await self._clock_task
             self._clock_task = None
         await self.breaker.stop()
+        if self._wire is not None:
+            await self._wire.close()
         await self.client.aclose()
         pool = getattr(self.client, "connection_pool", None)
         if pool is not None:
@@ -194,23 +221,23 @@ class RedisBackend:
         now_ms: int | None = None,
         usage: Sequence[UsageOp] = (),
         usage_ttl_ms: int = 0,
+        deadline: Deadline | None = None,
     ) -> Verdict:
+        """`deadline`: the call's budget (TimeoutError when it expires, `deadline.reason` says
+        why): watched by the wire's batch timer on the lean path, else by a `Guard`."""
         breaker = self.breaker
         if not breaker.allow():
             raise StoreDown("redis circuit open")
         try:
-            if self.cluster:
-                if usage:
-                    verdict, _ = await asyncio.gather(
-                        self._decide_cluster(checks, now_ms),
-                        self.record_usage(usage, usage_ttl_ms),
-                    )
-                else:
-                    verdict = await self._decide_cluster(checks, now_ms)
-            elif usage:
-                verdict = await self._run_with_usage(checks, now_ms, usage, usage_ttl_ms)
+            if self._wire is not None and not usage:
+                verdict = await self._run(checks, now_ms, "d", deadline)
+            elif deadline is None:
+                verdict = await self._decide_slow_path(checks, now_ms, usage, usage_ttl_ms)
             else:
-                verdict = await self._run(checks, now_ms, "d")
+                async with Guard(deadline):
+                    verdict = await self._decide_slow_path(checks, now_ms, usage, usage_ttl_ms)
+        except TimeoutError:
+            raise  # the call's deadline (an OSError too, but no news of the connection)
         except RedisTimeoutError as exc:
             breaker.suspect()  # redis-py's socket timeout: a suspicion, the probe decides
             raise BackendError(f"redis: {exc}") from exc
@@ -229,6 +256,23 @@ class RedisBackend:
             raise BackendError(f"redis client error: {exc!r}") from exc
         breaker.success()
         return verdict
+
+    async def _decide_slow_path(
+        self, checks: Sequence[Check], now_ms: int | None, usage: Sequence[UsageOp],
+        usage_ttl_ms: int,
+    ) -> Verdict:
+        """Through redis-py: Cluster, decisions with usage statistics, or no wire."""
+        if self.cluster:
+            if usage:
+                verdict, _ = await asyncio.gather(
+                    self._decide_cluster(checks, now_ms),
+                    self.record_usage(usage, usage_ttl_ms),
+                )
+                return verdict
+            return await self._decide_cluster(checks, now_ms)
+        if usage:
+            return await self._run_with_usage(checks, now_ms, usage, usage_ttl_ms)
+        return await self._run(checks, now_ms, "d")
 
     async def record_usage(
         self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
@@ -327,10 +371,42 @@ class RedisBackend:
             return _lean_verdict(res, checks, mode, now)
         return _verdict(res)
 
-    async def _run(self, checks: Sequence[Check], now_ms: int | None, mode: str) -> Verdict:
+    async def _run(
+        self, checks: Sequence[Check], now_ms: int | None, mode: str,
+        deadline: Deadline | None = None,
+    ) -> Verdict:
         script, keys, args, now = self._script_args(checks, now_ms, mode)
-        res = await self._call(script, keys, args)
+        if self._wire is not None:
+            res = await self._eval(script, keys, args, deadline)
+        else:
+            res = await self._direct(script, keys, args)
         return self._verdict(script, res, checks, mode, now)
+
+    async def _eval(
+        self, script: Any, keys: Sequence[str], args: Sequence[Any], deadline: Deadline | None
+    ) -> Any:
+        """EVALSHA on the wire; on NOSCRIPT (Redis restarted, flushed or failed over) the
+        script is loaded and the call sent again, on the same connection, in order."""
+        wire = self._wire
+        assert wire is not None
+        if not wire.connected:
+            await wire.open()  # the first call of a store nobody started, or reconnecting
+        payload = pack(b"EVALSHA", script.sha, len(keys), *keys, *args)
+        res = await _reply(wire.call(payload, deadline), deadline)
+        if type(res) is not ReplyError:
+            return res
+        exc = reply_exception(res)
+        if isinstance(exc, NoScriptError):
+            loading = wire.call(pack(b"SCRIPT", b"LOAD", script.script))
+            loading.add_done_callback(_observed)  # its answer is the EVALSHA's behind it
+            res = await _reply(wire.call(payload, deadline), deadline)
+            if type(res) is not ReplyError:
+                return res
+            exc = reply_exception(res)
+        if isinstance(exc, ReadOnlyError):  # a demoted master (failover): find the new one
+            wire.reset(str(exc))
+            raise RedisConnectionError(f"redis: {exc}")
+        raise exc
 
     async def _decide_cluster(self, checks: Sequence[Check], now_ms: int | None) -> Verdict:
         if now_ms is None:

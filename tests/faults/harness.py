@@ -112,7 +112,7 @@ class Load:
     async def one(self, data: bytes, timeout: float = HANG_S, probe: bool = False) -> Call:
         """One call, recorded. The hang bound is the client's own: no gRPC deadline is sent,
         so rls budgets the call with its --backend-timeout-ms (a caller's deadline would be
-        used instead, see engine/budget.py)."""
+        used instead, see stores/deadline.py)."""
         phase, start = self.phase, self.now()
         name = ""
         try:

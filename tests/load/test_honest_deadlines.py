@@ -26,11 +26,11 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 from rls.config.loader import load_files
-from rls.engine.budget import LoopLag
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, Overloaded, RateLimiter
 from rls.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.breaker import CLOSED, OPEN, CircuitBreaker
+from rls.stores.deadline import LoopLag
 from rls.stores.redis import RedisBackend
 
 CONFIG = """
@@ -239,3 +239,34 @@ async def test_an_overloaded_process_says_so_instead_of_answering_ok(
     text = body.decode()
     assert ('rls_failure_mode_answers_total{answer="resource_exhausted",domain="d",'
             'reason="overloaded"} 1.0') in text
+
+
+async def test_a_store_that_stalls_past_the_callers_deadline_gets_the_failure_mode(
+    debug_redis: RedisServer, tmp_path
+) -> None:
+    """Envoy always sends a deadline: a store frozen for longer than it is the store's failure
+    (the domain's failure mode answers, `store_slow`), never a refusal as `overloaded` (which
+    would leave the answer to Envoy's own failure_mode_deny and let a `deny` domain through)."""
+    debug_redis.client().flushall()
+    rig = Rig(debug_redis.url, tmp_path, failure_mode="deny")
+    await rig.backend.start()
+    rig.lag.start()
+    assert decided(await rig.call("warm", budget_s=0.3))
+    sleeper = threading.Thread(
+        target=lambda: redis_py.Redis(port=debug_redis.port).execute_command(
+            "CLIENT", "PAUSE", "700", "ALL"
+        )
+    )
+    try:
+        sleeper.start()
+        await asyncio.to_thread(sleeper.join)
+        started = time.monotonic()
+        decision = await rig.call("stalled", budget_s=0.3)
+        took = time.monotonic() - started
+        assert decision.overall == OVER_LIMIT and not decided(decision)  # deny mode answered
+        assert rig.failure_answers("store_slow") == 1
+        assert rig.failure_answers("overloaded") == 0
+        assert took < 0.6, took  # within the caller's deadline (failure handling bound)
+    finally:
+        rig.lag.stop()
+        await rig.backend.close()

@@ -1,0 +1,226 @@
+"""Server CPU per call, paired: every variant up at once, rounds alternating, one command.
+
+A hot-path change is judged by what one decision costs the server (user + system CPU of the
+server process, all its threads, divided by the calls it answered), not by req/s alone, which
+the load tool and the neighbours share. Every variant runs in the same period: all servers
+start at once, and each round runs every variant once in a rotated order, so machine noise
+hits them alike. Reported per variant: min / median / max of CPU µs per call over the rounds,
+median req/s, both as ratios to the floor on the same event loop, and the calls answered by
+the failure mode during its runs (a figure with any is INVALID).
+
+Variants:
+- `floor/<loop>`: the empty grpc.aio handler (benchmarks/floor_server.py) on uvloop and asyncio;
+- `tree <store>`: rls of this checkout (memory, Redis), on its default loop;
+- `tree <store> asyncio`: the same with `--loop asyncio` (with `--both-loops`);
+- `<rev> <store>`: rls at a git revision (`--compare REV`, repeatable): a detached worktree of
+  that revision, run with its own code (`python -m rls` from the worktree) on its own default
+  loop, so a regression since REV shows in one command.
+
+Load: h2load -n N -c C -m M of one pre-serialized request (1 descriptor by default, never over
+its limit). Redis: one redis-server for all Redis variants (they never run at once).
+
+    python benchmarks/cpu_per_call.py --compare aa7ce0d --compare c9b4b14
+    python benchmarks/cpu_per_call.py --quick        # a smoke run (a few seconds per variant)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    DESCRIPTORS,
+    METHOD,
+    NO_FAILURE_ANSWERS,
+    ROOT,
+    FailureModeAnswers,
+    FloorProc,
+    Proc,
+    RlsProc,
+    check_grpc_ok,
+    failure_mode_answers,
+    free_port,
+    grpc_call,
+    h2load,
+    http_get,
+    median,
+    process_cpu_s,
+    request_bytes,
+    rls_command,
+    spawn,
+    start_floor,
+    start_redis,
+    table,
+    validity,
+    wait_until,
+    workdir,
+    write_config,
+    write_frame,
+    write_results,
+)
+
+
+@dataclass
+class Variant:
+    name: str
+    loop: str  # the floor it is compared with
+    proc: Proc
+    port: int
+    rls: RlsProc | None = None
+    cpu_us: list[float] = field(default_factory=list)
+    rps: list[float] = field(default_factory=list)
+    fm: FailureModeAnswers = field(default_factory=lambda: NO_FAILURE_ANSWERS)
+
+
+def revision_tree(rev: str, base: Path) -> tuple[str, Path]:
+    """A detached worktree of `rev` (read-only use); removed at exit by the caller."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    path = base / f"rev-{sha}"
+    if not path.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), sha],
+                       check=True, capture_output=True)
+    return sha, path
+
+
+def start_rls_at(config: Path, log_dir: Path, name: str, code: Path | None,
+                 redis_url: str | None, extra: list[str]) -> RlsProc:
+    """`python -m rls serve` from `code` (a worktree) or the installed rls (None)."""
+    grpc_port, http_port = free_port(), free_port()
+    cmd = rls_command(config, grpc_port, http_port, redis_url, extra)
+    base = spawn(cmd, f"{name.replace(' ', '-')}-{grpc_port}", log_dir, cwd=code)
+    rls = RlsProc(base.proc, base.log_path, base.name, grpc_port, http_port)
+    wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200, 30,
+               f"{name} /healthcheck", base.proc, base.log_path)
+    return rls
+
+
+def loop_of(code: Path | None, extra: list[str]) -> str:
+    """The loop an rls runs on: asyncio when told so or when its code predates `--loop`
+    (rls/event_loop.py), else its default (uvloop where installed)."""
+    from rls.event_loop import loop_name
+
+    if "asyncio" in extra or (code is not None and not (code / "rls/event_loop.py").exists()):
+        return "asyncio"
+    return loop_name("auto")
+
+
+def measure(v: Variant, body: Path, args: argparse.Namespace, log_dir: Path) -> None:
+    before = v.rls.metrics() if v.rls else None
+    cpu0 = process_cpu_s(v.proc.pid)
+    res = h2load(f"http://127.0.0.1:{v.port}{METHOD}", body, clients=args.clients,
+                 streams=args.streams, requests=args.requests, label=v.name, log_dir=log_dir)
+    cpu = process_cpu_s(v.proc.pid) - cpu0
+    res.check()
+    v.cpu_us.append(cpu * 1e6 / max(res.total, 1))
+    v.rps.append(res.rps)
+    if v.rls is not None and before is not None:
+        fm = failure_mode_answers(before, v.rls.metrics())
+        v.fm = v.fm + fm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compare", action="append", default=[], metavar="REV",
+                        help="also run rls at this git revision (repeatable)")
+    parser.add_argument("--both-loops", action="store_true",
+                        help="also run this tree's rls with --loop asyncio")
+    parser.add_argument("--stores", default="memory,redis", help="memory,redis")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("-n", "--requests", type=int, default=40_000)
+    parser.add_argument("-c", "--clients", type=int, default=4)
+    parser.add_argument("-m", "--streams", type=int, default=32)
+    parser.add_argument("--descriptors", type=int, default=1, choices=(1, 3))
+    parser.add_argument("--rls-arg", action="append", default=[], metavar="ARG",
+                        help="extra `rls serve` argument for this tree's rls (repeatable)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 4,000 calls")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.requests = 2, 4_000
+
+    d = workdir("cpu_per_call")
+    cfg = write_config(d / "config")
+    stores = [s for s in args.stores.split(",") if s]
+    redis = start_redis(d) if "redis" in stores else None
+    descriptors = DESCRIPTORS[2:] if args.descriptors == 1 else DESCRIPTORS
+    body = write_frame(d / "request.bin", request_bytes("bench", descriptors))
+
+    variants: list[Variant] = []
+    floors: dict[str, FloorProc] = {}
+    for loop in ("uvloop", "asyncio"):
+        floors[loop] = start_floor(d, loop)
+        variants.append(Variant(f"floor/{loop}", loop, floors[loop], floors[loop].grpc_port))
+    trees: list[tuple[str, Path | None, list[str]]] = [("tree", None, list(args.rls_arg))]
+    if args.both_loops:
+        trees.append(("tree asyncio", None, [*args.rls_arg, "--loop", "asyncio"]))
+    worktrees: list[Path] = []
+    for rev in args.compare:
+        sha, path = revision_tree(rev, d)
+        worktrees.append(path)
+        trees.append((sha, path, []))
+    try:
+        for label, code, extra in trees:
+            for store in stores:
+                url = redis.url if store == "redis" and redis else None
+                name = f"{label} {store}"
+                rls = start_rls_at(cfg, d, name, code, url, extra)
+                variants.append(Variant(name, loop_of(code, extra), rls, rls.grpc_port, rls))
+        for v in variants:  # one real call each (grpc-status 0), then a warm-up
+            check_grpc_ok(f"127.0.0.1:{v.port}", request_bytes("bench", descriptors))
+            assert grpc_call(f"127.0.0.1:{v.port}", request_bytes("bench", descriptors))[0] == 0
+            h2load(f"http://127.0.0.1:{v.port}{METHOD}", body, clients=args.clients,
+                   streams=args.streams, requests=max(2_000, args.requests // 10),
+                   log_dir=d).check()
+        for r in range(args.rounds):
+            order = variants[r % len(variants):] + variants[: r % len(variants)]
+            for v in order:
+                measure(v, body, args, d)
+                print(f"round {r + 1}: {v.name:<24} {v.cpu_us[-1]:7.1f} µs/call "
+                      f"{v.rps[-1]:9.1f} req/s", flush=True)
+    finally:
+        for v in variants:
+            v.proc.stop()
+        if redis is not None:
+            redis.stop()
+        for path in worktrees:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
+                           capture_output=True)
+            shutil.rmtree(path, ignore_errors=True)
+
+    floor_cpu = {v.loop: median(v.cpu_us) for v in variants if v.name.startswith("floor/")}
+    floor_rps = {v.loop: median(v.rps) for v in variants if v.name.startswith("floor/")}
+    rows: list[list[Any]] = []
+    out: list[dict[str, Any]] = []
+    for v in variants:
+        cpu = median(v.cpu_us)
+        rps = median(v.rps)
+        fm = v.fm if v.rls is not None else None
+        entry = {
+            "variant": v.name, "loop": v.loop,
+            "cpu_us_per_call": {"min": round(min(v.cpu_us), 1), "median": round(cpu, 1),
+                                "max": round(max(v.cpu_us), 1)},
+            "cpu_rounds": [round(x, 1) for x in v.cpu_us],
+            "rps_median": round(rps, 1), "rps_rounds": [round(x, 1) for x in v.rps],
+            "floor_cpu_over_cpu": round(floor_cpu[v.loop] / cpu, 3),
+            "rps_over_floor_rps": round(rps / floor_rps[v.loop], 3),
+            **(fm.json() if fm is not None else {"failure_mode_answers": None, "valid": True}),
+        }
+        out.append(entry)
+        rows.append([v.name, v.loop, f"{min(v.cpu_us):.0f}", f"{cpu:.0f}",
+                     f"{max(v.cpu_us):.0f}", f"{floor_cpu[v.loop] / cpu:.2f}", f"{rps:.0f}",
+                     f"{rps / floor_rps[v.loop]:.2f}", "-" if fm is None else fm.count,
+                     validity(fm)])
+    title = (f"Server CPU per call, paired: h2load -n {args.requests} -c {args.clients} "
+             f"-m {args.streams}, {args.rounds} rounds, {args.descriptors}-descriptor request")
+    text = table(["variant", "loop", "CPU µs min", "median", "max", "x floor (CPU)", "req/s",
+                  "x floor (req/s)", "failure-mode answers", "valid"], rows, title)
+    write_results("cpu_per_call", {"params": vars(args), "results": out}, args.quick, [text])
+
+
+if __name__ == "__main__":
+    main()
