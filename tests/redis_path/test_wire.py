@@ -1,0 +1,166 @@
+"""The decisions' lean Redis connection (rls/stores/wire.py), on a real redis-server.
+
+Pins what the wire promises: everything queued in one loop turn is one write; replies reach
+their own callers in order, also after earlier callers gave up on their deadline; a store that
+drops the connection fails the calls in flight at once (breaker evidence) and the wire reopens
+by itself; a restarted Redis (no scripts) is served after one NOSCRIPT; one `Deadline` timer
+serves a whole batch, and the wire is closed with the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+from conftest import RedisServer, start_redis
+
+from rls.config.model import Limit, Unit
+from rls.core.model import Check
+from rls.stores.base import BackendError
+from rls.stores.deadline import STORE_SLOW, Deadline, LoopLag
+from rls.stores.redis import RedisBackend
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    redis = start_redis()
+    yield redis
+    redis.stop()
+
+
+@pytest.fixture
+async def backend(server: RedisServer) -> AsyncIterator[RedisBackend]:
+    server.client().flushall()
+    b = RedisBackend(server.url, timeout_ms=5000)
+    await b.start()
+    yield b
+    await b.close()
+
+
+LIMIT = Limit(requests_per_unit=1000, unit=Unit.HOUR, full_key="d.k")
+
+
+def check(key: str, hits: int = 1) -> Check:
+    return Check(0, LIMIT, key, hits)
+
+
+def wire_of(backend: RedisBackend) -> Any:
+    assert backend._wire is not None
+    return backend._wire
+
+
+async def test_calls_queued_in_one_loop_turn_go_out_in_one_write(backend: RedisBackend) -> None:
+    await backend.decide([check("warm")])
+    wire = wire_of(backend)
+    transport = wire._proto.transport
+    writes: list[int] = []
+    original = transport.write
+
+    def counting(data: bytes) -> None:
+        writes.append(len(data))
+        original(data)
+
+    transport.write = counting
+    try:
+        verdicts = await asyncio.gather(*(backend.decide([check(f"k{i}")]) for i in range(50)))
+    finally:
+        transport.write = original
+    assert all(v.admitted for v in verdicts)
+    assert len(writes) == 1, writes
+
+
+async def test_replies_reach_their_own_callers_after_earlier_callers_gave_up(
+    backend: RedisBackend, server: RedisServer
+) -> None:
+    """Calls whose deadline passed while Redis was paused leave the queue in order: the calls
+    after them get their own counters, not a neighbour's reply."""
+    for i in range(10):
+        await backend.decide([check(f"own{i}", hits=i + 1)])  # counter own<i> holds i + 1
+    lag = LoopLag()
+    pauser = redis_py.Redis(port=server.port)
+    await asyncio.to_thread(pauser.execute_command, "CLIENT", "PAUSE", "300", "ALL")
+    expired = [
+        asyncio.ensure_future(
+            backend.decide([check(f"gone{i}")], deadline=Deadline(lag, 0.05, 0.05))
+        )
+        for i in range(20)
+    ]
+    results = await asyncio.gather(*expired, return_exceptions=True)
+    assert all(isinstance(r, TimeoutError) for r in results), results
+    # Redis resumes and answers the expired calls first; these must still get their own.
+    verdicts = await asyncio.gather(
+        *(backend.peek([check(f"own{i}", hits=0)]) for i in range(10))
+    )
+    assert [v.outcomes[0].used for v in verdicts] == [i + 1 for i in range(10)]
+    pauser.close()
+
+
+async def test_an_expired_call_names_the_store_and_its_reply_is_dropped(
+    backend: RedisBackend, server: RedisServer
+) -> None:
+    lag = LoopLag()
+    pauser = redis_py.Redis(port=server.port)
+    await asyncio.to_thread(pauser.execute_command, "CLIENT", "PAUSE", "200", "ALL")
+    deadline = Deadline(lag, 0.03, 0.03, caller=True)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await backend.decide([check("late")], deadline=deadline)
+    assert deadline.reason == STORE_SLOW
+    assert time.monotonic() - started < 0.15  # bounded by the deadline, not by Redis
+    pauser.close()
+
+
+async def test_a_dropped_connection_fails_calls_at_once_and_the_wire_reopens(
+    backend: RedisBackend, server: RedisServer
+) -> None:
+    await backend.decide([check("before")])
+    killer = redis_py.Redis(port=server.port)
+    name = "rls-killer"
+    killer.client_setname(name)
+    killed = await asyncio.to_thread(
+        killer.execute_command, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"
+    )
+    assert killed >= 1
+    failures = 0
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            verdict = await backend.decide([check("after")])
+            break
+        except BackendError:
+            failures += 1
+            assert time.monotonic() < deadline, "the wire did not reopen"
+            await asyncio.sleep(0.01)
+    assert verdict.admitted
+    assert wire_of(backend).connected
+    killer.close()
+
+
+async def test_a_flushed_script_is_loaded_again_on_the_wire(
+    backend: RedisBackend, server: RedisServer
+) -> None:
+    await backend.decide([check("x")])
+    server.client().script_flush()
+    verdicts = await asyncio.gather(*(backend.decide([check("x")]) for _ in range(5)))
+    assert all(v.admitted for v in verdicts)
+    assert int(server.client().get(next(iter(server.client().keys("x*")))) or 0) == 6
+
+
+async def test_a_store_nobody_started_opens_its_wire_on_the_first_call(
+    server: RedisServer,
+) -> None:
+    server.client().flushall()
+    b = RedisBackend(server.url)
+    try:
+        verdicts = await asyncio.gather(*(b.decide([check(f"lazy{i}")]) for i in range(10)))
+        assert all(v.admitted for v in verdicts)
+        clients = server.client().client_list()
+        # one wire (plus redis-py's own pool for script loads and pings), not one per call
+        assert len(clients) < 10, clients
+    finally:
+        await b.close()
+    assert not wire_of(b).connected
