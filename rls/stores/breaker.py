@@ -53,6 +53,12 @@ class CircuitBreaker:
     def set_probe(self, probe: Probe) -> None:
         self._probe = probe
 
+    def report(self, state: str) -> None:
+        """Show `state` to this breaker's watcher (the gauge) without changing this breaker:
+        on Cluster, the masters' own breakers summed up (stores/node_breakers.py)."""
+        if self._on_change is not None:
+            self._on_change(state)
+
     def allow(self) -> bool:
         """Whether a call may go to the store now."""
         return self.state == CLOSED

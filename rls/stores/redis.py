@@ -48,6 +48,7 @@ from rls.stores.breaker import CircuitBreaker
 from rls.stores.clock import StoreClock
 from rls.stores.connect import connect
 from rls.stores.deadline import Deadline, Guard
+from rls.stores.node_breakers import NodeBreakers
 from rls.stores.scripts import decide_script, lean_script, request_args
 from rls.stores.scripts import lean_verdict as _lean_verdict
 from rls.stores.scripts import verdict as _verdict
@@ -136,10 +137,41 @@ class RedisBackend:
         self._probe_client: Any = connect(url, probe_s, probe_s, 1, sync=True)
         self._probe_thread = ThreadPoolExecutor(1, thread_name_prefix="rls-store-probe")
         self.breaker.set_probe(self.probe)
+        # Cluster: each call is judged by the breakers of the masters owning its slots.
+        self._nodes = (
+            NodeBreakers(
+                self.client, self._probe_client, self._probe_thread, self._node_breaker,
+                self.breaker.probe_interval,
+            )
+            if self.cluster else None
+        )
         # Redis TIME read locally, for the windows of plain fixed windows (rls/stores/clock.py);
         # read on the probe's connection and thread, so our own lag cannot skew a reading.
         self.clock = StoreClock()
         self._clock_task: asyncio.Task[None] | None = None
+
+    def _node_breaker(self, name: str) -> CircuitBreaker:
+        assert self._nodes is not None
+        nodes = self._nodes
+
+        def changed(_state: str) -> None:
+            self.breaker.report("open" if nodes.any_open() else "closed")
+
+        return CircuitBreaker(
+            f"redis {name}", self.breaker.threshold, probe_interval=self.breaker.probe_interval,
+            on_change=changed,
+        )
+
+    def _judge(self, checks: Sequence[Check], now_ms: int | None) -> tuple[int | None, Any]:
+        """The breaker that judges this call: on Cluster, those of the masters owning its
+        slots (at the time its windows are of, fixed here for all of its steps)."""
+        if self._nodes is None:
+            return now_ms, self.breaker
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        names = {self._nodes.owner(self.client.keyslot(store_key(c, now))) for c in checks}
+        if None in names:  # no slot map yet: the client reads it on this call
+            return now, self.breaker
+        return now, self._nodes.group(names)  # type: ignore[arg-type]
 
     async def _direct(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if self.slots is None:
@@ -199,6 +231,8 @@ class RedisBackend:
                 await self._clock_task
             self._clock_task = None
         await self.breaker.stop()
+        if self._nodes is not None:
+            await self._nodes.stop()
         if self._wire is not None:
             await self._wire.close()
         await self.client.aclose()
@@ -225,9 +259,11 @@ class RedisBackend:
     ) -> Verdict:
         """`deadline`: the call's budget (TimeoutError when it expires, `deadline.reason` says
         why): watched by the wire's batch timer on the lean path, else by a `Guard`."""
-        breaker = self.breaker
+        now_ms, breaker = self._judge(checks, now_ms)
         if not breaker.allow():
             raise StoreDown("redis circuit open")
+        if deadline is not None and deadline.probe is not None and breaker is not self.breaker:
+            deadline.probe = breaker.check  # ask the call's own masters
         try:
             if self._wire is not None and not usage:
                 verdict = await self._run(checks, now_ms, "d", deadline)
@@ -237,6 +273,8 @@ class RedisBackend:
                 async with Guard(deadline):
                     verdict = await self._decide_slow_path(checks, now_ms, usage, usage_ttl_ms)
         except TimeoutError:
+            if breaker is not self.breaker:
+                breaker.suspect()  # Cluster: ask the call's masters (the limiter asks the store)
             raise  # the call's deadline (an OSError too, but no news of the connection)
         except RedisTimeoutError as exc:
             breaker.suspect()  # redis-py's socket timeout: a suspicion, the probe decides
