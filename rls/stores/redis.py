@@ -49,7 +49,13 @@ from rls.stores.clock import StoreClock
 from rls.stores.connect import connect
 from rls.stores.deadline import Deadline, Guard
 from rls.stores.node_breakers import NodeBreakers
-from rls.stores.scripts import decide_script, lean_script, request_args
+from rls.stores.scripts import (
+    LeanBatch,
+    decide_script,
+    lean_batch_script,
+    lean_script,
+    request_args,
+)
 from rls.stores.scripts import lean_verdict as _lean_verdict
 from rls.stores.scripts import verdict as _verdict
 from rls.stores.windows import store_key
@@ -119,10 +125,15 @@ class RedisBackend:
         # The lean fixed-window script, and one script per mix of algorithms built on first use
         # (at most 2^len(REGISTRY), keyed by a bit per algorithm): rls/stores/scripts.py.
         self._lean = self.client.register_script(lean_script())
+        self._lean_batch = self.client.register_script(lean_batch_script())
         self._mixes: dict[int, Any] = {}
         # The decisions' lean connection (standalone and Sentinel; redis-py opens it).
         self._wire = (
-            Wire(self.client.connection_pool.make_connection, stale_s=socket_timeout)
+            Wire(
+                self.client.connection_pool.make_connection,
+                merger=LeanBatch(self._lean.sha, self._lean_batch.sha, self._reload_batch),
+                stale_s=socket_timeout,
+            )
             if auto_pipeline and not self.cluster else None
         )
         self.pool_size = pool_size
@@ -149,6 +160,13 @@ class RedisBackend:
         # read on the probe's connection and thread, so our own lag cannot skew a reading.
         self.clock = StoreClock()
         self._clock_task: asyncio.Task[None] | None = None
+
+    def _reload_batch(self) -> None:
+        """A batch met NOSCRIPT (Redis restarted or flushed): load the batch script, while its
+        requests are sent again alone (each loads the lean script itself)."""
+        if self._wire is not None and self._wire.connected:
+            loading = self._wire.call(pack(b"SCRIPT", b"LOAD", self._lean_batch.script))
+            loading.add_done_callback(_observed)
 
     def _node_breaker(self, name: str) -> CircuitBreaker:
         assert self._nodes is not None
@@ -372,7 +390,10 @@ class RedisBackend:
         """SCRIPT LOAD the lean script and the single-algorithm script of each named algorithm,
         so that a process can say it is ready before its first call. (Any other mix loads on
         first use: EVALSHA answers NOSCRIPT once and redis-py loads it.)"""
-        scripts = [self._lean, *(self._mix(1 << BY_NAME[name].id) for name in algorithms)]
+        scripts = [
+            self._lean, self._lean_batch,
+            *(self._mix(1 << BY_NAME[name].id) for name in algorithms),
+        ]
         for script in scripts:
             await self.client.script_load(script.script)
 
@@ -429,12 +450,16 @@ class RedisBackend:
         assert wire is not None
         if not wire.connected:
             await wire.open()  # the first call of a store nobody started, or reconnecting
-        payload = pack(b"EVALSHA", script.sha, len(keys), *keys, *args)
-        res = await _reply(wire.call(payload, deadline), deadline)
+        if script is self._lean:  # alone, or batched with the others of this loop turn
+            res = await _reply(wire.merge(keys, args, deadline), deadline)
+        else:
+            res = await _reply(wire.call(pack(b"EVALSHA", script.sha, len(keys), *keys, *args),
+                                         deadline), deadline)
         if type(res) is not ReplyError:
             return res
         exc = reply_exception(res)
         if isinstance(exc, NoScriptError):
+            payload = pack(b"EVALSHA", script.sha, len(keys), *keys, *args)
             loading = wire.call(pack(b"SCRIPT", b"LOAD", script.script))
             loading.add_done_callback(_observed)  # its answer is the EVALSHA's behind it
             res = await _reply(wire.call(payload, deadline), deadline)

@@ -21,10 +21,12 @@ versions side by side during a rolling upgrade never replace each other's code.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
+
+import hiredis
 
 from rls.core.algorithms.base import GRACE_MS
 from rls.core.algorithms.registry import ALGORITHM_IDS, BY_NAME, REGISTRY
@@ -33,6 +35,7 @@ from rls.stores.windows import counts_in_window, expiry_ms, layout, window_bound
 from rls.stores.windows import lua_prelude as windows_prelude
 
 LEAN_FILE = "decide_fixed_window.lua"
+LEAN_BATCH_FILE = "decide_fixed_window_batch.lua"
 DECIDE_FILE = "decide.lua"
 REQUEST_FILE = "request.lua"  # now / mode / params, read by lua/decide.lua
 LIBRARY_ORDER = ("values", "bucket_lib", "log_lib")  # a library may call the ones before it
@@ -42,12 +45,18 @@ LIBRARY_ORDER = ("values", "bucket_lib", "log_lib")  # a library may call the on
 # for epoch windows of other layouts), fixed-window layout (rls/stores/windows.py).
 CHECK = struct.Struct("<ddddddddddd")
 
+# The lean batch: from this many plain fixed-window requests queued in one loop turn, they go to
+# Redis as one EVALSHA (benchmarks/redis_batch.py: where it starts to pay), at most this many.
+BATCH_MIN_DEPTH = 2
+BATCH_MAX_ITEMS = 128
+
 # Every Lua file a script can be built from (the wheel and the image must ship them all).
 ALGORITHM_FILES: tuple[str, ...] = (
     *(f"{lib}.lua" for lib in LIBRARY_ORDER),
     *(spec.lua for spec in REGISTRY),
     REQUEST_FILE,
     LEAN_FILE,
+    LEAN_BATCH_FILE,
 )
 
 
@@ -69,6 +78,11 @@ def _lua(name: str) -> str:
 @cache
 def lean_script() -> str:
     return _lua(LEAN_FILE)  # needs no constant: no flags, no TIME
+
+
+@cache
+def lean_batch_script() -> str:
+    return _lua(LEAN_BATCH_FILE)  # several lean requests in one EVALSHA (stores/redis.py)
 
 
 @cache
@@ -130,6 +144,58 @@ def request_args(
                  lim.overdraft, start, stop, prev, fw_layout)
         )
     return mask, ["" if now_ms is None else str(now_ms), mode, b"".join(general)]
+
+
+class LeanBatch:
+    """How lean requests travel on the wire (rls/stores/wire.py `Merger`): alone, one EVALSHA
+    of lua/decide_fixed_window.lua; `min_depth` or more queued in one loop turn, one EVALSHA of
+    lua/decide_fixed_window_batch.lua carrying them all (each still all-or-nothing, in order),
+    which costs Redis less CPU per decision (benchmarks/redis_batch.py)."""
+
+    def __init__(
+        self,
+        lean_sha: str,
+        batch_sha: str,
+        on_noscript: Callable[[], None],
+        min_depth: int = BATCH_MIN_DEPTH,
+        max_items: int = BATCH_MAX_ITEMS,
+    ) -> None:
+        self._lean = lean_sha.encode()
+        self._batch = batch_sha.encode()
+        self._on_noscript = on_noscript
+        self.min_depth = min_depth
+        self.max_items = max_items
+
+    def one(self, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+        packed: bytes = hiredis.pack_command((b"EVALSHA", self._lean, len(keys), *keys, *args))
+        return packed
+
+    def many(self, items: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> bytes:
+        keys: list[Any] = []
+        counts: list[int] = []
+        args: list[Any] = []
+        for k, a in items:
+            keys += k
+            counts.append(len(k))
+            args += a
+        packed: bytes = hiredis.pack_command(
+            (b"EVALSHA", self._batch, len(keys), *keys, len(items), *counts, *args)
+        )
+        return packed
+
+    def split(
+        self, reply: list[Any], items: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+    ) -> list[Any]:
+        parts = []
+        at = 0
+        for keys, _ in items:
+            parts.append(reply[at:at + len(keys)])
+            at += len(keys)
+        return parts
+
+    def failed(self, reply: Exception) -> None:
+        if str(reply).startswith("NOSCRIPT"):
+            self._on_noscript()
 
 
 def verdict(res: list[Any]) -> Verdict:

@@ -28,8 +28,8 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -59,10 +59,62 @@ def reply_exception(reply: Exception) -> Exception:
     return ResponseError(text)
 
 
+Item = tuple[Sequence[Any], Sequence[Any]]  # (keys, args) of one mergeable call
+
+
+class Merger(Protocol):
+    """How calls queued in one loop turn may travel as one command (rls/stores/scripts.py
+    `LeanBatch`): `one` packs a call alone, `many` packs several (at least `min_depth`, at most
+    `max_items`) into one command whose reply `split` cuts into each call's reply; `failed`
+    hears an error reply of a merged command (e.g. NOSCRIPT: load the script)."""
+
+    min_depth: int
+    max_items: int
+
+    def one(self, keys: Sequence[Any], args: Sequence[Any]) -> bytes: ...
+
+    def many(self, items: Sequence[Item]) -> bytes: ...
+
+    def split(self, reply: Any, items: Sequence[Item]) -> list[Any]: ...
+
+    def failed(self, reply: Exception) -> None: ...
+
+
+class _Merged:
+    """Stands in the reply queue for a merged command: hands each call its part."""
+
+    __slots__ = ("futures", "items", "merger")
+
+    def __init__(
+        self, merger: Merger, items: list[Item], futures: list[asyncio.Future[Any]]
+    ) -> None:
+        self.merger = merger
+        self.items = items
+        self.futures = futures
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, reply: Any) -> None:
+        if isinstance(reply, ReplyError):
+            self.merger.failed(reply)
+            parts = [reply] * len(self.futures)  # each call sees the error (and may retry)
+        else:
+            parts = self.merger.split(reply, self.items)
+        for future, part in zip(self.futures, parts, strict=True):
+            if not future.done():
+                future.set_result(part)
+
+    def set_exception(self, exc: BaseException) -> None:
+        for future in self.futures:
+            if not future.done():
+                future.set_exception(exc)
+
+
 class _Protocol(asyncio.Protocol):
     """Replies in, matched in order to the futures of the calls that sent them."""
 
-    def __init__(self, wire: Wire, transport: Any, waiting: deque[asyncio.Future[Any]]) -> None:
+    def __init__(self, wire: Wire, transport: Any, waiting: deque[Any]) -> None:
         self.wire = wire
         self.transport = transport
         self.reader = hiredis.Reader()
@@ -97,10 +149,14 @@ class Wire:
         self,
         open_connection: Callable[[], Any],
         *,
+        merger: Merger | None = None,
         max_inflight: int = 10_000,
         stale_s: float = 1.0,
     ) -> None:
         self._open_connection = open_connection  # () -> an unconnected redis-py Connection
+        self._merger = merger
+        self._merging: list[Item] = []  # mergeable calls of this loop turn, in order
+        self._merging_futures: list[asyncio.Future[Any]] = []
         self.max_inflight = max_inflight
         self.stale_s = stale_s
         self._proto: _Protocol | None = None
@@ -174,11 +230,63 @@ class Wire:
             self.loop.call_soon(self._flush)
         return future
 
+    def merge(
+        self, keys: Sequence[Any], args: Sequence[Any], deadline: Deadline | None = None
+    ) -> asyncio.Future[Any]:
+        """Like `call`, for a call the merger packs: sent alone, or with the other mergeable
+        calls of this loop turn as one command when there are at least `min_depth`."""
+        proto = self._proto
+        if proto is None:
+            self._reopen()
+            raise RedisConnectionError(f"redis: reconnecting ({self.last_error or 'closed'})")
+        if len(proto.waiting) + len(self._merging) >= self.max_inflight:
+            raise RedisConnectionError(f"redis: {len(proto.waiting)} calls in flight on the wire")
+        future: asyncio.Future[Any] = self.loop.create_future()
+        self._merging.append((keys, args))
+        self._merging_futures.append(future)
+        if deadline is not None:
+            deadline.on_expire = future.cancel
+            self._watch.append((future, deadline))
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._flush)
+        return future
+
+    def _merged(self, waiting: deque[Any]) -> list[bytes]:
+        """The payloads of this turn's mergeable calls, their futures queued for the replies."""
+        merger = self._merger
+        items, futures = self._merging, self._merging_futures
+        self._merging, self._merging_futures = [], []
+        assert merger is not None
+        if len(items) < merger.min_depth:
+            waiting.extend(futures)
+            return [merger.one(keys, args) for keys, args in items]
+        payloads = []
+        step = merger.max_items
+        for i in range(0, len(items), step):
+            chunk, chunk_futures = items[i:i + step], futures[i:i + step]
+            if len(chunk) < merger.min_depth:
+                waiting.extend(chunk_futures)
+                payloads += [merger.one(keys, args) for keys, args in chunk]
+            else:
+                waiting.append(_Merged(merger, chunk, chunk_futures))
+                payloads.append(merger.many(chunk))
+        return payloads
+
     def _flush(self) -> None:
         """One write for everything queued this loop turn, and one timer for its deadlines."""
         self._scheduled = False
         out, self._out = self._out, []
         proto = self._proto
+        if self._merging:
+            if proto is None:
+                failure = RedisConnectionError(f"redis: connection lost ({self.last_error})")
+                for future in self._merging_futures:
+                    if not future.done():
+                        future.set_exception(failure)
+                self._merging, self._merging_futures = [], []
+            else:
+                out += self._merged(proto.waiting)
         if proto is not None and out:
             proto.transport.write(b"".join(out) if len(out) > 1 else out[0])
         watch = self._watch

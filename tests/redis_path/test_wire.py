@@ -82,7 +82,7 @@ async def test_replies_reach_their_own_callers_after_earlier_callers_gave_up(
         await backend.decide([check(f"own{i}", hits=i + 1)])  # counter own<i> holds i + 1
     lag = LoopLag()
     pauser = redis_py.Redis(port=server.port)
-    await asyncio.to_thread(pauser.execute_command, "CLIENT", "PAUSE", "300", "ALL")
+    await asyncio.to_thread(pauser.execute_command, "CLIENT", "PAUSE", "1000", "ALL")
     expired = [
         asyncio.ensure_future(
             backend.decide([check(f"gone{i}")], deadline=Deadline(lag, 0.05, 0.05))
