@@ -6,6 +6,7 @@
 #                       evaluated by a real Prometheus (tests/observability)
 #   tmux                `rls top` is driven in a real terminal
 #   openssl             test TLS certificates
+#   curl                the demo banner's commands are run as printed
 #   make g++ autoconf   to build SSDB for the SSDB cache tests (scripts/build-ssdb.sh)
 # Idempotent: what is already on PATH is skipped, and with nothing missing it needs neither
 # apt nor root. Otherwise it needs root (or sudo) and apt-get.
@@ -13,7 +14,7 @@ set -euo pipefail
 # command on PATH -> Debian package providing it
 declare -A package=(
     [redis-server]=redis-server [prometheus]=prometheus [promtool]=prometheus [tmux]=tmux
-    [openssl]=openssl [make]=make [g++]=g++ [autoconf]=autoconf
+    [openssl]=openssl [curl]=curl [make]=make [g++]=g++ [autoconf]=autoconf
 )
 missing=()
 for cmd in "${!package[@]}"; do

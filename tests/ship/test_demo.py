@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from support.net import connectable
+from support.system import require_binary
 
 from rls.demo import DemoError, find_envoy
 from rls.demo.cli import _parser
@@ -173,9 +173,7 @@ def run_banner_command(command: str, tmp_path: Path) -> tuple[int, str, list[int
     status_dir.mkdir()
     shim = shim_dir / "curl"
     if not shim.exists():
-        real = shutil.which("curl")
-        assert real, "curl is not installed (scripts/install-test-deps.sh installs it)"
-        shim.write_text(CURL_SHIM.format(curl=real))
+        shim.write_text(CURL_SHIM.format(curl=require_binary("curl", "curl")))
         shim.chmod(0o755)
     env = {**os.environ, "STATUS_DIR": str(status_dir),
            "PATH": f"{shim_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
