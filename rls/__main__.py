@@ -1,3 +1,3 @@
-from rls.cli import main
+from rls.entry import main
 
 raise SystemExit(main())

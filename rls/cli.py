@@ -13,8 +13,13 @@ from dataclasses import fields
 from importlib import metadata
 
 from rls.cache import check_cache_file, is_cache_file
+from rls.cli_hints import parse_args
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.loader import discover, load_files, load_paths, read_text, yaml_files_under
+from rls.config.reload import check_config_command
+from rls.config.yaml_source import parse_yaml
+from rls.counters.model import is_counters_doc
+from rls.counters.model import load_config as load_counters_config
 from rls.event_loop import loop_factory
 from rls.logging_setup import setup_logging
 from rls.settings import (
@@ -192,11 +197,29 @@ def _parser() -> argparse.ArgumentParser:
                 metavar="|".join(CHOICES[name]) if name in CHOICES else None,
                 help=f"{text} (default {shown}; env {_env_names(name)})",
             )
-    check = sub.add_parser("check-config", help="validate descriptor files and directories")
-    check.add_argument("paths", nargs="*", help="descriptor or cache rules files, directories")
+    check = sub.add_parser(
+        "check-config", help="validate descriptor, cache rules and counters config files",
+        description="Validate config files offline, each kind by its own rules. A file given "
+        "as a path is a cache rules file when it has `rules:` (or is a list of `api:` items), a "
+        "counters config when it has counters fields (default_timezone, domains, stale_cache, "
+        "hot_keys, timeout_ms) and no `domain`/`descriptors`, else a descriptor file; files "
+        "inside directories are descriptor or cache rules files, as `rls serve --config` reads "
+        "them. --cache-config and --counters-config name a file's kind outright.",
+    )
+    check.add_argument("paths", nargs="*",
+                       help="descriptor, cache rules or counters config files, directories")
     check.add_argument(
         "--config", action="append", default=[], metavar="PATH", dest="config_paths",
         help="same as a path argument (as `rls serve --config`); repeatable",
+    )
+    check.add_argument(
+        "--cache-config", action="append", default=[], metavar="FILE", dest="cache_paths",
+        help="a response cache rules file (as `rls serve --cache-config`); repeatable",
+    )
+    check.add_argument(
+        "--counters-config", action="append", default=[], metavar="FILE",
+        dest="counters_paths",
+        help="a frequency counters config file (as `rls serve --counters-config`); repeatable",
     )
     check.add_argument(
         "--merge-domains", action="store_true",
@@ -257,20 +280,50 @@ def empty_directories(paths: Sequence[str]) -> list[ConfigWarning]:
     ]
 
 
-def check_config(paths: Sequence[str], merge_domains: bool, strict: bool = False) -> int:
+def is_counters_file(path: str) -> bool:
+    """A counters config (`--counters-config`), told apart from a descriptor file by its
+    top-level fields; unreadable or invalid YAML is not one (the descriptor loader says why)."""
+    try:
+        return is_counters_doc(parse_yaml(path, read_text(path)))
+    except ConfigError:
+        return False
+
+
+def check_counters_file(path: str) -> None:
+    """Raise ConfigError when the counters config would not load in `rls serve`."""
+    try:
+        load_counters_config(path)
+    except (ValueError, TypeError, AttributeError) as exc:
+        text = str(exc).removeprefix(f"{path}: ")
+        raise ConfigError(path, f"counters config: {text}") from None
+
+
+def check_config(paths: Sequence[str], merge_domains: bool, strict: bool = False,
+                 cache_paths: Sequence[str] = (), counters_paths: Sequence[str] = ()) -> int:
     """Validate every file; print `file: message (at file:line, node path)` per error and
-    `file: warning: …` per warning; exit 1 on any error (or warning with --strict)."""
+    `file: warning: …` per warning; exit 1 on any error (or warning with --strict).
+
+    Cache rules files and counters configs among the named files are recognised (see the
+    sub-command's description) or named by `cache_paths` / `counters_paths`."""
     errors = 0
     files: list[tuple[str, str]] = []
     warnings = empty_directories(paths)
+    named = {p for p in paths if os.path.isfile(p)}
     try:
         names = discover(paths) + cache_files_in(paths)
     except ConfigError as exc:
         print(exc.detail(), file=sys.stderr)
         return 1
+    names += [*cache_paths, *counters_paths]
+    counters = 0
     for name in names:
         try:
-            if is_cache_file(name):
+            if name in counters_paths or (name in named and name not in cache_paths
+                                          and is_counters_file(name)):
+                check_counters_file(name)
+                counters += 1
+                continue
+            if name in cache_paths or is_cache_file(name):
                 check_cache_file(name)
                 continue
             text = read_text(name)
@@ -290,10 +343,11 @@ def check_config(paths: Sequence[str], merge_domains: bool, strict: bool = False
         if strict and warnings:
             print(f"FAILED (--strict): {len(warnings)} warning(s)", file=sys.stderr)
             return 1
-        cache_count = len(names) - len(files)
+        cache_count = len(names) - len(files) - counters
         print(
             f"OK: {len(files)} descriptor file(s), {len(config.domains)} domain(s), "
             f"{cache_count} cache rules file(s)"
+            + (f", {counters} counters config file(s)" if counters else "")
             + (f", {len(warnings)} warning(s)" if warnings else "")
         )
     return 1 if errors else 0
@@ -374,13 +428,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return demo_main(argv[1:], prog="rls demo")
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)  # a typo: the sub-command's usage, "did you mean"
     if args.command == "check-config":
         paths = [*args.paths, *args.config_paths]
-        if not paths:
+        if not (paths or args.cache_paths or args.counters_paths):
             parser.error("check-config: give the files or directories to check "
                          "(paths, or --config PATH)")
-        return check_config(paths, args.merge_domains, args.strict)
+        return check_config(paths, args.merge_domains, args.strict, args.cache_paths,
+                            args.counters_paths)
     if args.command in ("counters", "usage", "switches", "cache"):
         return _admin_command(args)
     if args.command == "top":
@@ -408,7 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             config = load_paths(settings.config, settings.merge_domains)
         except ConfigError as exc:
-            print(f"rls: {exc.detail()}", file=sys.stderr)
+            command = check_config_command(settings.config, settings.merge_domains,
+                                           settings.strict)
+            print(f"rls: cannot start: the config does not load: {exc.detail()} "
+                  f"(every problem: {command})", file=sys.stderr)
             return 1
         if not config.domains and not settings.allow_empty_config:
             print("rls: no domain loaded (0 descriptor files)", file=sys.stderr)

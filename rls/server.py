@@ -23,7 +23,7 @@ from rls.cache.cache import ResponseCache
 from rls.cache.store import GuardedStore, StoreError
 from rls.config.errors import ConfigError
 from rls.config.model import RateLimitConfig
-from rls.config.reload import ConfigHolder
+from rls.config.reload import ConfigHolder, check_config_command
 from rls.counters.grpc_api import CountersGrpc
 from rls.counters.model import CountersConfig, load_config
 from rls.counters.service import CountersService
@@ -254,12 +254,12 @@ class Server:
         """Same rule as a reload: one bad file rejects the whole load. Fail fast: a service with
         no limits would answer OK to everything."""
         app, settings = self.app, self.settings
-        if not app.holder.reload() and not settings.allow_empty_config:
-            log.error(
-                "cannot start: configuration failed to load: %s (--allow-empty-config starts "
-                "without it)",
-                app.holder.last_error,
-            )
+        fatal = not settings.allow_empty_config
+        if not app.holder.reload(log_error=not fatal) and fatal:
+            # One line: the first error with its location, and how to list them all.
+            log.error("cannot start: the config does not load: %s (every problem: %s)",
+                      app.holder.last_error, check_config_command(
+                          settings.config, settings.merge_domains, settings.strict))
             return False
         app.holder.start(settings.reload_interval)
         return True

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shlex
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -48,6 +49,13 @@ def one_line(text: str, limit: int = MAX_LOG_CHARS) -> str:
     """`text` on one line, cut to `limit` characters (errors may quote file content)."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def check_config_command(paths: list[str], merge_domains: bool, strict: bool) -> str:
+    """The `rls check-config` line that lists every problem of a config that would not start
+    (a start-up error names only the first)."""
+    flags = ["--merge-domains"] * merge_domains + ["--strict"] * strict
+    return shlex.join(["rls", "check-config", *flags, *paths])
 
 
 def fingerprint(paths: list[str]) -> Fingerprint:
@@ -152,10 +160,11 @@ class ConfigHolder:
         log.info("config change detected: %s", one_line(", ".join(changed)) or "(unknown)")
         return self._load()
 
-    def reload(self) -> bool:
+    def reload(self, *, log_error: bool = True) -> bool:
         """Load all paths in this thread; on success swap and return True, else keep the
-        old config (used at start-up, before the loop serves anything)."""
-        return self._apply(*self._load())
+        old config (used at start-up, before the loop serves anything). `log_error=False`:
+        the caller reports `last_error` itself (start-up's one line)."""
+        return self._apply(*self._load(), log_error=log_error)
 
     async def reload_async(self, only_if_changed: bool = False) -> bool:
         """Load in a daemon thread (never on the loop); swap the result in on the loop."""
@@ -172,17 +181,17 @@ class ConfigHolder:
             return False
         return self._apply(*outcome)
 
-    def _apply(self, fp: Fingerprint, result: RateLimitConfig | ConfigError) -> bool:
+    def _apply(self, fp: Fingerprint, result: RateLimitConfig | ConfigError,
+               log_error: bool = True) -> bool:
         self._fingerprint = fp
         if isinstance(result, ConfigError):
-            self.last_error = one_line(str(result))
+            self.last_error = one_line(result.detail())  # with its location
             self.metrics.config_loads.labels("error").inc()
             self.metrics.config_error.labels(result.file).set(1)
             self._error_files.add(result.file)
             keeping = "; keeping previous config" if self.config is not None else ""
-            log.error(
-                "error loading new configuration: %s%s", one_line(result.detail()), keeping
-            )
+            if log_error:
+                log.error("error loading new configuration: %s%s", self.last_error, keeping)
             return False
         config = result
         self.config = config

@@ -6,6 +6,7 @@ a float, timestamps stay strings. Type errors read like the reference's unmarsha
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -229,7 +230,8 @@ def parse_yaml(file: str, text: str, budget: YamlBudget = DEFAULT_BUDGET) -> Any
             file, f"error loading config file: yaml: line {exc.line}: {exc.message}"
         ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(file, f"error loading config file: {_yaml_error(exc)}") from None
+        raise ConfigError(file, f"error loading config file: {_yaml_error(exc)}",
+                          hint=_quoting_hint(exc, text)) from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
         # PyYAML's constructors raise plain errors for bad tagged scalars (`!!int x`).
         raise ConfigError(file, f"error loading config file: yaml: bad scalar: {exc}") from None
@@ -247,6 +249,30 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
     if mark is not None:
         return f"yaml: line {mark.line + 1}: {problem}"
     return f"yaml: {problem}"
+
+
+# Characters that start YAML syntax when they begin a plain (unquoted) value.
+_INDICATORS = {"*": "starts an alias", "&": "starts an anchor", "!": "starts a tag",
+               "|": "starts a block scalar", ">": "starts a folded block scalar",
+               "@": "is reserved", "`": "is reserved"}
+
+
+def _quoting_hint(exc: yaml.YAMLError, text: str) -> str | None:
+    """For a value that YAML read as syntax (`value: *admin*`, a wildcard written unquoted):
+    say to quote it, showing the quoted value. None for any other YAML error."""
+    mark = getattr(exc, "context_mark", None) or getattr(exc, "problem_mark", None)
+    if mark is None:
+        return None
+    lines = text.splitlines()
+    if not 0 <= mark.line < len(lines):
+        return None
+    rest = lines[mark.line][mark.column:]
+    if not rest or rest[0] not in _INDICATORS:
+        return None
+    value = re.split(r"[,\]}]|\s#", rest, maxsplit=1)[0].strip()
+    quoted = json.dumps(value) if '"' not in value else "'" + value.replace("'", "''") + "'"
+    return (f"{rest[0]!r} at the start of a value {_INDICATORS[rest[0]]} in YAML; "
+            f"quote the value: {quoted}")
 
 
 def render(value: Any) -> str:

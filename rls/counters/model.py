@@ -88,6 +88,17 @@ def _zone_ok(name: str) -> bool:
     return True
 
 
+# The top-level fields of a counters config file (`--counters-config`).
+FIELDS = frozenset({"default_timezone", "domains", "stale_cache", "hot_keys", "timeout_ms"})
+
+
+def is_counters_doc(doc: Any) -> bool:
+    """Whether a parsed YAML document is a counters config rather than a descriptor file (no
+    `domain` or `descriptors`, some counters field): how `rls check-config` tells them apart."""
+    return (isinstance(doc, dict) and not {"domain", "descriptors"} & set(doc)
+            and bool(FIELDS & set(doc)))
+
+
 def load_config(path: str) -> CountersConfig:
     """Read and check the counters YAML; raises ValueError with `file: message`."""
     try:
@@ -96,8 +107,7 @@ def load_config(path: str) -> CountersConfig:
         raise ValueError(f"{path}: {exc}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: must be a mapping")
-    allowed = {"default_timezone", "domains", "stale_cache", "hot_keys", "timeout_ms"}
-    unknown = set(raw) - allowed
+    unknown = set(raw) - FIELDS
     if unknown:
         raise ValueError(f"{path}: unknown fields {sorted(unknown)}")
     cfg = CountersConfig()

@@ -1,7 +1,9 @@
 """What the interactive demo prints once it is up: where everything runs and curl commands
 to try, with the Envoy config's API keys and this run's ports filled in.
 
-The `ports:` line is read by tests/ship/test_demo.py; keep its shape.
+The `ports:` line is read by tests/ship/test_demo.py; keep its shape. That test also runs every
+command under `Try:` as printed (comment lines start with `#`, a trailing backslash continues a
+command), so each must work when pasted into a shell.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ Try:
       -H 'x-api-key: {bob}' {gw}/translate
   # rls counters without charging (CLI and admin API)
   rls counters --admin {demo.admin_url} --domain gateway -d api=translate,user=bob
-  curl -s -X POST {demo.admin_url}/counters -d '{counters}'
+  curl -s -X POST -H 'content-type: application/json' {demo.admin_url}/counters \\
+      -d '{counters}'
   curl -s {demo.admin_url}/rlconfig
   curl -s {demo.admin_url}/metrics | grep '^rls_limit'
   curl -s 'http://127.0.0.1:{demo.envoy_admin}/stats?filter=ratelimit'
@@ -65,6 +68,8 @@ Press Ctrl-C to stop.
 def quota_banner(demo: Demo) -> str:
     """Quota mode: Envoy decides from rls's assignments."""
     gw = f"http://127.0.0.1:{demo.listener}"
+    counters = json.dumps({"domain": "gateway-rlqs", "descriptors": [
+        {"entries": [{"key": "x-client-id", "value": "alice"}]}]})
     return f"""
 rls demo (quota mode) is running (logs in {demo.workdir})
   Envoy gateway  {gw}   rate_limit_quota filter, domain gateway-rlqs
@@ -78,8 +83,8 @@ Try:
   for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' \\
       -H 'x-client-id: alice' {gw}/items; done; echo
   # the counter is the one ShouldRateLimit uses (usage arrives with the next report)
-  curl -s -X POST {demo.admin_url}/counters -d '{{"domain": "gateway-rlqs", \\
-      "descriptors": [{{"entries": [{{"key": "x-client-id", "value": "alice"}}]}}]}}'
+  curl -s -X POST -H 'content-type: application/json' {demo.admin_url}/counters \\
+      -d '{counters}'
   curl -s {demo.admin_url}/metrics | grep '^rls_quota'
 
 Press Ctrl-C to stop.

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rls.cli_hints import parse_args
 from rls.demo.banner import banner, quota_banner
 from rls.demo.errors import DemoError
 from rls.demo.paths import default_config_dir
@@ -64,7 +65,7 @@ def _parser(prog: str = "rls demo") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str = "rls demo") -> int:
     """Start the demo, then smoke-test it or serve until Ctrl-C/SIGTERM; always clean up."""
-    args = _parser(prog).parse_args(argv)
+    args = parse_args(_parser(prog), argv)
     demo: Demo | None = None
 
     def on_sigterm(signum: int, frame: Any) -> None:

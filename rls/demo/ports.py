@@ -31,7 +31,13 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether rls or Envoy could listen on 127.0.0.1:`port` now.
+
+    SO_REUSEADDR, as both set it: a connection of an earlier run in TIME_WAIT does not stop
+    them, so it must not count as "in use"; a socket listening on the port still does.
+    """
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -1,5 +1,6 @@
 """Real store servers for the cache tests, behind one interface: redis-server, and a real SSDB
-1.9.8 built from the vendored source by `<repo>/../shared/tools/build-ssdb.sh`.
+1.9.8 whose ssdb-server binary the `SSDB_SERVER` environment variable names (built from SSDB's
+source by scripts/build-ssdb.sh; docs/cache.md).
 
 Both can be killed (SIGKILL), frozen (SIGSTOP) and restarted on the same port, so the e2e
 tests inject the same faults into either. SSDB is disk-backed: a restart keeps its entries.
@@ -19,10 +20,14 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 import redis
-from conftest import ROOT, RedisServer, free_port, start_redis, wait_until
+from conftest import RedisServer, free_port, start_redis, wait_until
 from support.processes import stop_process
 
-BUILD_SCRIPT = ROOT.parent / "shared" / "tools" / "build-ssdb.sh"
+SSDB_SERVER = "SSDB_SERVER"  # the environment variable: path of an ssdb-server binary
+SSDB_UNSET = (
+    f"needs a real SSDB: {SSDB_SERVER} is not set (the path of an ssdb-server binary; "
+    "scripts/build-ssdb.sh builds one from SSDB's source, see docs/cache.md)"
+)
 SSDB_SAFE = {"get", "setx", "expire"}  # what rls may send in ssdb:// mode (SETEX arrives as setx)
 
 
@@ -100,22 +105,27 @@ class RedisStore(StoreProcess):
         self.proc = self.server.proc
 
 
-def build_ssdb() -> str:
-    """Path of ssdb-server, built (or reused from ~/.cache/rls-ssdb) by the shared script."""
-    if not BUILD_SCRIPT.is_file():
+def ssdb_binary_setting() -> str | None:
+    """`SSDB_SERVER` as given, or None when unset or empty (the SSDB tests are then skipped)."""
+    return os.environ.get(SSDB_SERVER) or None
+
+
+def ssdb_binary() -> str:
+    """The ssdb-server `SSDB_SERVER` names; a set but unusable path is an error, not a skip.
+
+    A binary rather than host:port of a running server, because the tests kill, freeze and
+    restart their store and read its debug log.
+    """
+    path = ssdb_binary_setting()
+    if path is None:
+        raise RuntimeError(SSDB_UNSET)
+    found = shutil.which(path)
+    if found is None:
         raise FileNotFoundError(
-            f"{BUILD_SCRIPT} not found: the SSDB tests need the shared/ folder beside the repo "
-            "(shared/tools/build-ssdb.sh and shared/vendor/ssdb-*.tar.gz)"
+            f"{SSDB_SERVER}={path}: no such executable (the path of an ssdb-server binary, "
+            "as scripts/build-ssdb.sh prints it)"
         )
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
-                            timeout=1200)
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines or not os.access(lines[-1], os.X_OK):
-        raise RuntimeError(
-            f"{BUILD_SCRIPT} failed (exit {result.returncode}):\n"
-            f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-        )
-    return lines[-1]
+    return found
 
 
 # SSDB's config format: `key: value`, sections indented by one TAB (spaces are not accepted).

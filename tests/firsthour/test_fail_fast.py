@@ -172,7 +172,10 @@ def test_workers_with_a_bad_config_exit_1_instead_of_restarting_forever(tmp_path
     done = rls(*serve_args(), "--config", str(bad), "--workers", "2",
                "--redis-url", f"redis://127.0.0.1:{free_port()}/0", timeout=30)
     assert done.returncode == 1
-    assert one_line(done.stderr).startswith(f"rls: {bad}: descriptor has empty key (at {bad}:3")
+    line = one_line(done.stderr)
+    assert line.startswith(f"rls: cannot start: the config does not load: {bad}: "
+                           f"descriptor has empty key (at {bad}:3"), line
+    assert line.endswith(f"(every problem: rls check-config {bad})"), line
 
 
 @pytest.mark.parametrize("level", ["WARN", "trace", "fatal"])

@@ -1,15 +1,13 @@
 """A real Prometheus (Debian's `prometheus` package) for the tests, and a small ext_proc client.
 
-The package is installed with apt-get when missing (the tests fail, never skip, when it cannot
-be): it provides `prometheus` and `promtool`.
+The package provides `prometheus` and `promtool`; scripts/install-test-deps.sh installs it (the
+tests fail, never skip, without it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import subprocess
 import urllib.parse
 import urllib.request
@@ -18,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 import yaml
 from conftest import free_port, wait_until
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from support.processes import stop_process
+from support.system import require_binary
 
 from rls.cache.config import API_ATTRIBUTE
 from rls.services.extproc import ATTRIBUTES
@@ -35,20 +33,8 @@ DASHBOARD_FILE = CHART_FILES / "grafana-dashboard.json"
 
 
 def prometheus_binaries() -> tuple[str, str]:
-    """(prometheus, promtool), installing Debian's package if needed."""
-    if not (shutil.which("prometheus") and shutil.which("promtool")):
-        if os.geteuid() != 0 or not shutil.which("apt-get"):
-            pytest.fail("prometheus/promtool missing and apt-get unavailable (needs root)")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True, env=env)
-        done = subprocess.run(["apt-get", "install", "-y", "-qq", "prometheus"],
-                              capture_output=True, text=True, env=env)
-        if done.returncode != 0:
-            pytest.fail(f"could not install Debian's prometheus package:\n{done.stderr}")
-    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
-    if not (prometheus and promtool):
-        pytest.fail("the prometheus package did not provide prometheus and promtool")
-    return prometheus, promtool
+    """(prometheus, promtool), both from Debian's prometheus package."""
+    return require_binary("prometheus", "prometheus"), require_binary("promtool", "prometheus")
 
 
 @dataclass

@@ -3,32 +3,20 @@ of a known workload, in order."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import shutil
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
-import pytest
 from conftest import ROOT, wait_until
+from support.system import require_binary
 
 from .helpers import DOMAIN, EXPECTED_OVER, run_workload, write_config
 
 
 def tmux_binary() -> str:
-    found = shutil.which("tmux")
-    if found:
-        return found
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "tmux"], check=True,
-                       capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-        found = shutil.which("tmux")
-        if found:
-            return found
-    pytest.fail("tmux is not installed and could not be installed with apt-get")
+    return require_binary("tmux", "tmux")
 
 
 def test_rls_top_in_a_terminal_shows_the_limited_descriptors_in_order(rls_factory, tmp_path: Path):

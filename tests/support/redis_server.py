@@ -1,34 +1,21 @@
-"""A real redis-server on a free loopback port, installed with apt-get when missing (CI)."""
+"""A real redis-server on a free loopback port (scripts/install-test-deps.sh installs it)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-import pytest
 import redis
 
 from support.net import free_port
 from support.processes import stop_process
+from support.system import require_binary
 from support.waiting import wait_until
 
 
 def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "redis-server"], check=True, capture_output=True
-        )
-        found = shutil.which("redis-server")
-        if found:
-            return found
-    pytest.fail("redis-server is not installed and could not be installed with apt-get")
+    return require_binary("redis-server", "redis-server")
 
 
 @dataclass
