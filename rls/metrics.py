@@ -84,7 +84,11 @@ class Metrics:
             "rls_request_errors", "Rejected or failed calls by reason", ["reason"], registry=r
         )
         self.domain_not_found = Counter(
-            "rls_domain_not_found", "Descriptors for a domain that is not configured", registry=r
+            "rls_domain_not_found",
+            "Descriptors for a domain that is not configured, by domain (the name when short "
+            "and printable, for the first 100 names; then _other)",
+            ["domain"],
+            registry=r,
         )
         self.latency = Histogram(
             "rls_decision_seconds",
