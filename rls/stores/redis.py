@@ -24,15 +24,12 @@ from dataclasses import replace
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
-    AuthenticationError,
     MaxConnectionsError,
-    NoPermissionError,
     NoScriptError,
     RedisError,
-    ResponseError,
 )
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rls.core.admission import admit
@@ -42,7 +39,7 @@ from rls.core.usage import UsageOp
 from rls.stores.base import BackendError, StoreDown
 from rls.stores.breaker import CircuitBreaker
 from rls.stores.clock import StoreClock
-from rls.stores.connect import connect
+from rls.stores.connect import connect, refusal
 from rls.stores.pipelining import ScriptBatcher
 from rls.stores.scripts import decide_script, lean_script, request_args
 from rls.stores.scripts import lean_verdict as _lean_verdict
@@ -61,17 +58,6 @@ def _queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
 
 class StoreRejected(BackendError):
     """The store answers but refuses us (wrong password, ACL): not ready, and it says why."""
-
-
-def _rejection(exc: Exception) -> str | None:
-    """Why the store refuses us, when the error says so (auth, ACL), else None."""
-    if isinstance(exc, (AuthenticationError, NoPermissionError)):
-        return str(exc)
-    text = str(exc)
-    refused = ("NOPERM", "WRONGPASS", "NOAUTH")
-    if isinstance(exc, ResponseError) and text.split(" ", 1)[0] in refused:
-        return text
-    return None
 
 
 class RedisBackend:
@@ -156,7 +142,7 @@ class RedisBackend:
             await asyncio.gather(*(self.client.ping() for _ in range(warm)))
             await self.clock.sync_in(self._probe_thread, self._probe_client.time)
         except (RedisError, OSError) as exc:
-            why = _rejection(exc)
+            why = refusal(exc)
             if why is not None:
                 raise StoreRejected(f"redis refuses rls: {why}") from exc
             raise BackendError(f"redis not reachable: {exc}") from exc
