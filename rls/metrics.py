@@ -161,7 +161,7 @@ class Metrics:
         )
         self.circuit = Gauge(
             "rls_backend_circuit_open",
-            "Backend circuit breaker: 0 closed, 1 open, 0.5 half-open (probing)",
+            "Backend circuit breaker: 0 closed, 1 open (a probe closes it)",
             ["backend"],
             registry=r,
             multiprocess_mode="max",
