@@ -31,7 +31,7 @@ from conftest import RlsProcess, free_port, http_get, wait_until
 from support.processes import stop_process
 from support.redis_server import RedisServer
 
-from .docblocks import Block, blocks
+from .docblocks import DOCS, FENCE, Block, blocks
 from .helpers import ROOT, clean_env
 
 TOKEN = "docs-token"
@@ -90,8 +90,38 @@ def documented() -> list[tuple[Block, str, str]]:
     return [(b, c, out) for b in blocks(*SHELLS) for c, out in commands_of(b)]
 
 
+FENCED = FENCE
+INLINE = re.compile(r"`((?:rls|curl) [^`\n]+)`")
+PLACEHOLDER = re.compile(r"[\[<|…]|\.\.\.|(?:^|\s)(?:[A-Z]+|/\S*)(?=\s|$)")
+
+
+def inline_commands() -> list[tuple[str, str]]:
+    """Complete commands in running text (`rls switches --limiting-off on`). Left out: those
+    with a placeholder (`[…]`, `<x>`, `PATH`, an absolute path of the reader's own), a bare
+    sub-command name (`rls top`), `rls serve` / `rls demo` command-line pieces (`rls serve
+    --strict` is a flag being described; the demo needs Envoy), curl without an address."""
+    found = []
+    for doc in DOCS:
+        text = FENCED.sub("", doc.read_text(encoding="utf-8"))
+        for m in INLINE.finditer(text):
+            command = m.group(1).strip()
+            words = command.split()
+            if PLACEHOLDER.search(command):
+                continue
+            if words[0] == "rls" and not any(w.startswith("-") for w in words):
+                continue  # a sub-command's name (`rls top`, `rls cache purge`)
+            if re.match(r"rls (serve|demo)\b", command) and not command.endswith("--help"):
+                continue
+            if words[0] == "curl" and not re.search(r"(localhost|127\.0\.0\.1):", command):
+                continue
+            found.append((f"{doc.relative_to(ROOT)} (inline)", command))
+    return sorted(set(found))
+
+
 ALL = documented()
-TO_RUN = [(b.where, c, out) for b, c, out in ALL if not b.needs]
+TO_RUN = [(b.where, c, out) for b, c, out in ALL if not b.needs] + [
+    (where, c, "") for where, c in inline_commands()
+]
 
 
 def test_the_docs_have_commands_to_run() -> None:
