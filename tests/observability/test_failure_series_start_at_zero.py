@@ -49,3 +49,7 @@ def test_failure_counters_exist_at_zero_before_any_call(rls_factory, tmp_path: P
         assert at_zero("rls_request_errors_total", reason=reason), reason
     assert at_zero("rls_config_loads_total", result="error")
     assert at_zero("rls_backend_errors_total", backend="memory", failure_mode="allow")
+    for reason in ("backend", "invalid", "bucket_cap", "unsupported"):
+        assert at_zero("rls_quota_errors_total", reason=reason), reason
+    for op, code in (("add", "unavailable"), ("get", "unavailable"), ("get", "stale")):
+        assert at_zero("rls_counters_items_total", op=op, code=code), (op, code)
