@@ -3,9 +3,13 @@ later by a connection to the wrong place; a good URL of every supported form pas
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rls.stores.urls import bare_url_problem, url_problem
+
+from .helpers import rls
 
 GOOD = [
     "redis://127.0.0.1:6379", "redis://127.0.0.1:6379/0", "redis://redis/3", "redis://:pw@h",
@@ -47,3 +51,12 @@ def test_scheme_with_one_slash_suggests_the_url_meant() -> None:
     assert bare_url_problem("redis:/127.0.0.1:6379") == (
         "'redis:' must be followed by '//': did you mean 'redis://127.0.0.1:6379'?"
     )
+
+
+def test_cache_rules_store_url_is_checked_too(tmp_path: Path) -> None:
+    rules = tmp_path / "cache.yaml"
+    rules.write_text("store: redis://:secret@cache:6379/abc\nrules: []\n")
+    done = rls("check-config", str(rules))
+    assert done.returncode == 1
+    assert "'store'" in done.stderr and "db 'abc' is not a number" in done.stderr
+    assert "secret" not in done.stderr
