@@ -167,3 +167,5 @@ def test_breaker_gauge_values_agree_in_docs_and_code() -> None:
         assert rows, doc[:80]
         for row in rows:
             assert "0 closed" in row and "1 open" in row and "0.5" not in row, row
+    dashboard = (ROOT / "helm" / "rls" / "files" / "grafana-dashboard.json").read_text()
+    assert "0.5 probing" not in dashboard and "0 closed, 1 open" in dashboard
