@@ -62,7 +62,7 @@ class UnknownDomains:
         more = ", …" if len(known) > SHOWN_KNOWN else ""
         log.warning(
             "domain %r matches no config file's domain: answered OK with no limit "
-            "(configured domains: %s%s; counted in rls_domain_not_found_total{domain=%r}; "
+            "(configured domains: %s%s; counted in rls_domain_not_found_total{domain=\"%s\"}; "
             "logged once a minute per domain)",
             domain[:200], ", ".join(shown) or "none", more, label,
         )

@@ -47,6 +47,7 @@ def test_unknown_domain_is_counted_under_its_name_and_logged_once_a_minute(
     assert len([x for x in lines if "'ratelimt'" in x]) == 1, lines
     assert len([x for x in lines if "'other'" in x]) == 1, lines
     assert "configured domains: ratelimit" in lines[0]
+    assert 'rls_domain_not_found_total{domain="ratelimt"}' in lines[0]
     assert count(metrics, "ratelimt") == 11
     assert count(metrics, "other") == 1
     caplog.clear()
