@@ -5,7 +5,7 @@ Against one running rls set up as the docs describe it: the shipped descriptor f
 `config/cache.yaml` and an admin token (`$RLS_ADMIN_TOKEN` in the commands). The documented
 `localhost:8080` / `127.0.0.1:8080` / `127.0.0.1:8081` are rewritten to this rls's ports, and
 `curl` fails on an HTTP error (as `--fail-with-body`); a command documented with an error answer
-must fail with that error. A command that runs until stopped (`rls top` without `--once`, `rls
+must fail with that error; a documented JSON answer must have the real answer's fields. A command that runs until stopped (`rls top` without `--once`, `rls
 serve` on free ports) must still be running after a few seconds.
 
 A block marked `<!-- needs: … -->` is not run here (an Envoy demo, Kubernetes, SSDB, grpcurl):
@@ -22,6 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,6 +154,19 @@ def _counters_config() -> str:
     return found.group(1)
 
 
+def _post_json(rls: RlsProcess, domain: str, entries: list[tuple[str, str]]) -> None:
+    body = json.dumps({"domain": domain, "descriptors": [
+        {"entries": [{"key": k, "value": v} for k, v in entries]}]})
+    request = urllib.request.Request(
+        rls.http_url + "/json", data=body.encode(), method="POST",
+        headers={"content-type": "application/json", "authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            assert answer.status == 200
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 429, exc  # over the limit: what the second loop is for
+
+
 @pytest.fixture(scope="module")
 def docs_rls(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[RlsProcess]:
@@ -173,14 +187,11 @@ def docs_rls(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
     try:
         wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200, timeout=30,
                    what="rls /healthcheck")
-        # Some traffic first, as the documented outputs assume (/metrics shows it).
-        body = json.dumps({"domain": "open_platform", "descriptors": [
-            {"entries": [{"key": "app", "value": "42"}, {"key": "ip", "value": "10.0.0.1"}]}]})
-        request = urllib.request.Request(
-            rls.http_url + "/json", data=body.encode(), method="POST",
-            headers={"content-type": "application/json", "authorization": f"Bearer {TOKEN}"})
-        with urllib.request.urlopen(request, timeout=5) as answer:
-            assert answer.status == 200
+        # Traffic first, as the documented outputs assume: a call in /metrics, a caller over
+        # its limit in /top (not one a documented command uses).
+        _post_json(rls, "open_platform", [("app", "42"), ("ip", "10.0.0.1")])
+        for _ in range(31):  # gateway.api_items.user: 30 per minute
+            _post_json(rls, "gateway", [("api", "items"), ("user", "mallory")])
         yield rls
     finally:
         stop_process(proc, 10)
@@ -232,3 +243,26 @@ def test_documented_command_runs(
     assert done.returncode == 0, (
         f"{where}: {command}\nexit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     )
+    check_same_shape(where, output, done.stdout)
+
+
+def _shape(value: object) -> object:
+    """The keys of a JSON answer, and of the first item of each list of objects in it."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items() if isinstance(v, (dict, list))} | {
+            k: None for k, v in value.items() if not isinstance(v, (dict, list))}
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return [_shape(value[0])]
+    return None
+
+
+def check_same_shape(where: str, documented: str, actual: str) -> None:
+    """A documented JSON answer has the fields of the real one, at every level (values differ:
+    times, counts); a list of objects is compared by its first item."""
+    try:
+        shown = json.loads(documented)
+    except ValueError:
+        return  # not a JSON answer (text, a table)
+    assert isinstance(shown, dict), documented
+    real = json.loads(actual)
+    assert _shape(shown) == _shape(real), f"{where}:\n{_shape(shown)}\n{_shape(real)}"
