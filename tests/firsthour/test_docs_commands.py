@@ -5,8 +5,9 @@ Against one running rls set up as the docs describe it: the shipped descriptor f
 `config/cache.yaml` and an admin token (`$RLS_ADMIN_TOKEN` in the commands). The documented
 `localhost:8080` / `127.0.0.1:8080` / `127.0.0.1:8081` are rewritten to this rls's ports, and
 `curl` fails on an HTTP error (as `--fail-with-body`); a command documented with an error answer
-must fail with that error; a documented JSON answer must have the real answer's fields. A command that runs until stopped (`rls top` without `--once`, `rls
-serve` on free ports) must still be running after a few seconds.
+must fail with that error; a documented JSON answer must have the real answer's fields. A
+command that runs until stopped (`rls top` without `--once`, `rls serve` on free ports) must
+still be running after a few seconds. Complete commands in running text run too.
 
 A block marked `<!-- needs: … -->` is not run here (an Envoy demo, Kubernetes, SSDB, grpcurl):
 the mark names what it needs, from KNOWN_NEEDS. Commands are run in document order on the
