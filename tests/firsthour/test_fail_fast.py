@@ -93,6 +93,7 @@ BAD_SETTINGS = [
     (["--redis-url", "redis://127.0.0.1:6379/abc"], {}, "--redis-url"),
     ([], {"RLS_REDIS_URL": "redis://:6379/0"}, "RLS_REDIS_URL"),
     ([], {"REDIS_URL": "127.0.0.1:port"}, "REDIS_URL"),
+    ([], {"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": "host:6379"}, "REDIS_URL"),
     (["--cache-config", "config/cache.yaml", "--cache-store", "redis://h:6379/x"], {},
      "--cache-store"),
     (["--cache-config", "config/cache.yaml", "--cache-store", "memcache://x"], {},
