@@ -27,35 +27,6 @@ from rls.stores.urls import redact
 
 __all__ = ["connect", "redact", "refusal"]
 
-# Where the rate-limit store's URL (and its password) is set; named in refusals.
-REDIS_URL_SETTING = "--redis-url / RLS_REDIS_URL (or REDIS_AUTH with REDIS_URL)"
-_REFUSED = ("NOPERM", "WRONGPASS", "NOAUTH")
-
-
-def refusal(exc: Exception, setting: str = REDIS_URL_SETTING) -> str | None:
-    """Why the store refuses us, in one line naming the setting to fix; None when `exc` is
-    not a refusal (a timeout, a closed connection). Redis's own text says neither (its answer
-    to a missing password is about HELLO's syntax)."""
-    text = str(exc).strip()
-    code = text.split(" ", 1)[0]
-    coded = isinstance(exc, ResponseError) and code in _REFUSED
-    if isinstance(exc, NoPermissionError) or (coded and code == "NOPERM"):
-        return (
-            f"the Redis user may not run what rls needs (ACL: EVALSHA, EVAL, SCRIPT, PING, "
-            f"TIME and the keys under the prefix): grant them, or set another user in "
-            f"{setting} (redis said: {text})"
-        )
-    if not (isinstance(exc, AuthenticationError) or coded):
-        return None
-    if "HELLO must be called" in text or "Authentication required" in text or code == "NOAUTH":
-        return (
-            f"Redis needs a password and none was given: set it in {setting} "
-            "as redis://[user]:PASSWORD@host:port/db"
-        )
-    return (
-        f"Redis refuses the user or password ({text.rstrip('.')}): fix them in {setting}"
-    )
-
 STANDALONE_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -205,4 +176,33 @@ def _cluster(
     nodes = [node_class(h, p) for h, p in _hosts(parts.netloc)]
     return cluster_class(
         startup_nodes=nodes, max_connections=pool_size, **auth, **common, **tls
+    )
+
+
+# Where the rate-limit store's URL (and its password) is set; named in refusals.
+REDIS_URL_SETTING = "--redis-url / RLS_REDIS_URL (or REDIS_AUTH with REDIS_URL)"
+_REFUSED = ("NOPERM", "WRONGPASS", "NOAUTH")
+
+
+def refusal(exc: Exception, setting: str = REDIS_URL_SETTING) -> str | None:
+    """Why the store refuses us, in one line naming the setting to fix; None when `exc` is
+    not a refusal (a timeout, a closed connection). Redis's own text says neither (its answer
+    to a missing password is about HELLO's syntax)."""
+    text = str(exc).strip()
+    code = text.split(" ", 1)[0]
+    coded = isinstance(exc, ResponseError) and code in _REFUSED
+    if isinstance(exc, NoPermissionError) or (coded and code == "NOPERM"):
+        return (
+            f"the Redis user lacks a permission rls needs ({text}): grant it in the ACL, "
+            f"or set another user in {setting}"
+        )
+    if not (isinstance(exc, AuthenticationError) or coded):
+        return None
+    if "HELLO must be called" in text or "Authentication required" in text or code == "NOAUTH":
+        return (
+            f"Redis needs a password and none was given: set it in {setting} "
+            "as redis://[user]:PASSWORD@host:port/db"
+        )
+    return (
+        f"Redis refuses the user or password ({text.rstrip('.')}): fix them in {setting}"
     )
