@@ -7,6 +7,9 @@ Sentinel and Cluster alike, with the same timeouts and pool rules. URLs:
 - `redis://[[user]:password@]host:port/db`, `rediss://…` (TLS), `unix:///path?db=N`;
 - `redis+sentinel://[[user]:password@]host:port[,host:port…]/service_name[/db]`;
 - `redis+cluster://[[user]:password@]host:port[,host:port…]`.
+
+`refusal` turns the store refusing us (wrong or missing password, ACL) into one line naming
+the setting to fix.
 """
 
 from __future__ import annotations
