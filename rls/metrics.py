@@ -14,6 +14,7 @@ more than the rest of a decision.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import (
@@ -28,6 +29,16 @@ from prometheus_client import (
 from rls import __version__
 from rls.core.limits import Limit
 from rls.memo import publish_to
+
+# Label values of the failure counters, each a closed set: their series are created at 0 up
+# front (`prepare_domains` for the per-domain ones), so rate() counts the first burst of
+# failures instead of starting from its first sample.
+REQUEST_ERROR_REASONS = ("invalid_argument", "overloaded", "unavailable")
+FAILURE_REASONS = ("store_down", "store_error", "store_slow", "overloaded")
+FAILURE_ANSWERS = ("allow", "deny", "fallback")  # what answered a call the store did not decide
+OVERLOAD_ANSWERS = ("unavailable", "resource_exhausted")  # reason overloaded only
+CONFIG_LOAD_RESULTS = ("success", "error")
+MAX_PREPARED_DOMAINS = 1000  # beyond: series appear on first use, as before
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # halves the /metrics size; *_created series carry nothing useful here
 
@@ -73,6 +84,25 @@ class Metrics:
         self._process_families(r)
         self._engine_families(r)
         self._config_families(r)
+        self._prepared: set[str] = set()
+        for reason in REQUEST_ERROR_REASONS:
+            self.errors.labels(reason)
+        for result in CONFIG_LOAD_RESULTS:
+            self.config_loads.labels(result)
+
+    def prepare_domains(self, domains: Iterable[str]) -> None:
+        """Create the per-domain failure series of configured domains at 0 (called on each
+        successful config load; a domain's series stay after it is removed, as they would
+        once used)."""
+        for domain in domains:
+            if domain in self._prepared or len(self._prepared) >= MAX_PREPARED_DOMAINS:
+                continue
+            self._prepared.add(domain)
+            for reason in FAILURE_REASONS:
+                for answer in FAILURE_ANSWERS:
+                    self.failure_answers.labels(domain, reason, answer)
+            for answer in OVERLOAD_ANSWERS:
+                self.failure_answers.labels(domain, "overloaded", answer)
 
     def _request_families(self, r: CollectorRegistry) -> None:
         """ShouldRateLimit calls: how many, by answer, why rejected, how long deciding took."""
@@ -84,7 +114,11 @@ class Metrics:
             "rls_request_errors", "Rejected or failed calls by reason", ["reason"], registry=r
         )
         self.domain_not_found = Counter(
-            "rls_domain_not_found", "Descriptors for a domain that is not configured", registry=r
+            "rls_domain_not_found",
+            "Descriptors for a domain that is not configured, by domain (the name when short "
+            "and printable, for the first 100 names; then _other)",
+            ["domain"],
+            registry=r,
         )
         self.latency = Histogram(
             "rls_decision_seconds",
@@ -127,7 +161,7 @@ class Metrics:
         )
         self.circuit = Gauge(
             "rls_backend_circuit_open",
-            "Backend circuit breaker: 0 closed, 1 open, 0.5 half-open (probing)",
+            "Backend circuit breaker: 0 closed, 1 open (a probe closes it)",
             ["backend"],
             registry=r,
             multiprocess_mode="max",

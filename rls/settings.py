@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from rls.event_loop import uvloop_installed
-from rls.stores.urls import normalize_redis_url
+from rls.stores.urls import bare_url_problem, normalize_redis_url, redact, url_problem
 
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
 REFERENCE_ENV = {
@@ -114,16 +114,29 @@ class Settings:
                     "is not set: set a token, bind --http-addr 127.0.0.1:PORT, "
                     "or pass --admin-insecure",
                 )
+        problem = bare_url_problem(self.redis_url)
+        if problem is not None:
+            raise SettingError("redis_url", f"{redact(self.redis_url)!r}: {problem}")
         try:
             self.redis_url = normalize_redis_url(self.redis_url)
         except ValueError as exc:
             raise SettingError("redis_url", str(exc)) from None
         for name, schemes in URL_SCHEMES.items():
-            url = getattr(self, name)
-            scheme = url.partition("://")[0] if "://" in url else ""
-            if url and scheme not in schemes:
-                one_of = ", ".join(scheme_ + "://" for scheme_ in schemes)
-                raise SettingError(name, f"{url!r}: the scheme must be one of {one_of}")
+            _check_url(name, getattr(self, name), schemes)
+
+
+def _check_url(name: str, url: str, schemes: tuple[str, ...]) -> None:
+    """A store URL's scheme is one of `schemes` and its host, port and db are well formed
+    (`redis://host:6379/abc` would otherwise start on db 0; redis-py ignores a bad db)."""
+    if not url:
+        return
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in schemes:
+        one_of = ", ".join(scheme_ + "://" for scheme_ in schemes)
+        raise SettingError(name, f"{redact(url)!r}: the scheme must be one of {one_of}")
+    problem = bare_url_problem(url) or url_problem(url)
+    if problem is not None:
+        raise SettingError(name, f"{redact(url)!r}: {problem}")
 
 
 def _check_addr(name: str, addr: str) -> None:

@@ -16,6 +16,7 @@ import yaml
 from rls.config.errors import ConfigError
 from rls.config.loader import is_cache_doc, read_text  # the loader's budgets and rule
 from rls.config.yaml_source import parse_yaml
+from rls.stores.urls import redact, url_problem
 
 API_ATTRIBUTE = "xds.route_metadata.filter_metadata['gateway']['api']"
 DAY = 86400
@@ -217,6 +218,9 @@ def build_cache_config(file: str, doc: Any) -> CacheConfig:
     store = doc.get("store")
     if store is not None and (not isinstance(store, str) or "://" not in store):
         raise fail("'store' must be a URL such as redis://host:6379/0 or ssdb://host:8888")
+    problem = url_problem(store) if store is not None else None
+    if store is not None and problem is not None:
+        raise fail(f"'store' {redact(store)!r}: {problem}")
     prefix = doc.get("key_prefix", "rc:")
     if not isinstance(prefix, str) or not prefix or len(prefix.encode()) > 32:
         raise fail("'key_prefix' must be a non-empty string of at most 32 bytes")

@@ -21,6 +21,33 @@ from rls.core.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 from rls.core.algorithms.registry import BURST_ALGORITHMS
 from rls.core.limits import WINDOW_ALIGNED, WINDOW_ROLLING, WINDOWS
 
+# The fields of one limit spec (`rate_limit:` or an item of `rate_limits:`). The key check of
+# rls/config/parser.py accepts them at any depth, like the reference, so one indented a level
+# too little (beside an empty `rate_limit:`) would be ignored without a word: it is a warning.
+SPEC_FIELDS = (
+    "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm",
+    "unit_multiplier", "burst", "overdraft", "calendar", "window", "timezone", "charge",
+    "accept_releases",
+)
+LIMIT_KEYS = ("rate_limit", "rate_limits")
+
+
+def stray_limit_fields(
+    file: str, raw: dict[str, Any], path: str, keys: tuple[str, ...], why: str
+) -> list[ConfigWarning]:
+    """Warnings for limit fields (`keys`) in a mapping where nothing reads them (a descriptor
+    node, the top of a file): `'<key>' <why>`."""
+    return [
+        ConfigWarning(
+            file,
+            f"'{key}' {why}",
+            line_of(raw, key),
+            f"{path}.{key}" if path else key,
+        )
+        for key in keys
+        if key in raw
+    ]
+
 
 def parse_unit(text: str) -> Unit | None:
     try:
@@ -45,6 +72,7 @@ class LimitParser:
     ) -> list[Limit]:
         """The limits of the node at `path`: `rate_limit:` first, then each of `rate_limits:`,
         checked as a set and given distinct metric keys when there are several."""
+        self._check_placement(raw, path)
         specs: list[Any] = []
         if raw.get("rate_limit") is not None:
             specs.append(raw["rate_limit"])
@@ -58,6 +86,26 @@ class LimitParser:
         if len(limits) > 1:
             distinct_metric_keys(limits, path)
         return limits
+
+    def _check_placement(self, raw: dict[str, Any], path: str) -> None:
+        """Limit fields on the node itself, and an empty `rate_limit:`, are warnings: both are
+        what a field indented one level too little looks like, and both leave the node without
+        the limit its author wrote (every request allowed)."""
+        self.warnings += stray_limit_fields(
+            self.file, raw, path, SPEC_FIELDS,
+            "is a rate limit field on the descriptor itself, where it is ignored: "
+            "indent it under rate_limit:",
+        )
+        if "rate_limit" in raw and raw["rate_limit"] is None:
+            self.warnings.append(
+                ConfigWarning(
+                    self.file,
+                    "empty rate_limit: this node has no limit (are its fields indented "
+                    "under it?)",
+                    line_of(raw, "rate_limit"),
+                    f"{path}.rate_limit",
+                )
+            )
 
     def _located_limit(
         self, spec: Any, path: str, where: str, shadow: bool, quota: bool, index: int

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rls.config.errors import ConfigError, ConfigWarning
+from rls.config.limit_parser import LIMIT_KEYS, SPEC_FIELDS, stray_limit_fields
 from rls.config.model import Domain, Level, Node, RateLimitConfig
 from rls.config.parser import DomainParser, check_keys
 from rls.config.usage_stats import parse_usage_stats
@@ -244,6 +245,11 @@ class _ConfigDraft:
         doc = doc or {}
         _check_depth(file, doc.get("descriptors"), 1)
         check_keys(file, doc, self.warnings)
+        self.warnings += stray_limit_fields(
+            file, doc, "", LIMIT_KEYS + SPEC_FIELDS,
+            "at the top of the file is ignored: limits belong to a descriptor "
+            "(under descriptors:)",
+        )
         domain_name = as_str(file, doc.get("domain"), "domain")
         if not domain_name:
             raise ConfigError(

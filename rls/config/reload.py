@@ -200,6 +200,7 @@ class ConfigHolder:
         self._error_files.clear()
         self.last_error = None
         self.metrics.config_loads.labels("success").inc()
+        self.metrics.prepare_domains(config.domains)
         log.info(
             "config loaded: %d file(s), domains: %s",
             len(config.files),

@@ -26,6 +26,9 @@ from rls.counters.stores import (
     RedisCounterStore,
 )
 
+# (op, code) of the items the store did not answer as asked: their series exist from the start.
+FAILURE_ITEMS = (("add", "unavailable"), ("get", "unavailable"), ("get", "stale"))
+
 
 class CountersMetrics:
     def __init__(self, registry: CollectorRegistry | None) -> None:
@@ -44,6 +47,8 @@ class CountersMetrics:
         self.invalidations = Counter(
             "rls_counters_invalidations", "Hot-key invalidations received (pub/sub)", registry=r
         )
+        for op, code in FAILURE_ITEMS:  # at 0 from the start: rate() counts the first burst
+            self.items.labels(op, code)
 
 
 class CountersService:

@@ -31,6 +31,7 @@ from rls.engine.decision import (
 from rls.engine.fallback import FallbackLimiter
 from rls.engine.local_cache import OverLimitCache
 from rls.engine.top import NEAR, OVER, TopTalkers
+from rls.engine.unknown_domains import UnknownDomains
 from rls.logging_setup import LogGate
 from rls.memo import MATCH_MEMO_BYTES, MATCH_MEMO_ENTRIES, BoundedCache
 from rls.metrics import Metrics
@@ -86,6 +87,7 @@ class RateLimiter:
         self._fallback = FallbackLimiter(settings.fallback_share, metrics)
         self._memo_config: RateLimitConfig | None = None
         self._memos: dict[str, BoundedCache] = {}
+        self._unknown_domains = UnknownDomains(metrics.domain_not_found)
         self.top = TopTalkers()  # who is over / near their limits (admin /top, `rls top`)
         self._near_ratio = settings.near_limit_ratio
 
@@ -105,7 +107,7 @@ class RateLimiter:
         statuses = [Status() for _ in descriptors]
         dom = config.domains.get(domain)
         if dom is None:
-            self.metrics.domain_not_found.inc(len(descriptors))
+            self._unknown_domains.report(domain, len(descriptors), config.domains)
             self.metrics.count_request("_unknown", "OK")
             return Decision(OK, statuses)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+ERROR_REASONS = ("backend", "invalid", "bucket_cap", "unsupported")
+
 
 class QuotaMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -34,3 +36,5 @@ class QuotaMetrics:
             "RLQS problems by reason (backend, invalid, bucket_cap, unsupported)",
             ["reason"], registry=registry,
         )
+        for reason in ERROR_REASONS:  # at 0 from the start: rate() counts the first burst
+            self.errors.labels(reason)

@@ -7,6 +7,9 @@ Sentinel and Cluster alike, with the same timeouts and pool rules. URLs:
 - `redis://[[user]:password@]host:port/db`, `rediss://…` (TLS), `unix:///path?db=N`;
 - `redis+sentinel://[[user]:password@]host:port[,host:port…]/service_name[/db]`;
 - `redis+cluster://[[user]:password@]host:port[,host:port…]`.
+
+`refusal` turns the store refusing us (wrong or missing password, ACL) into one line naming
+the setting to fix.
 """
 
 from __future__ import annotations
@@ -21,21 +24,16 @@ import redis.cluster
 import redis.sentinel
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+
+from rls.stores.urls import redact
+
+__all__ = ["connect", "redact", "refusal"]
 
 STANDALONE_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 TLS_QUERY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return parts._replace(netloc=user + netloc).geturl()
 
 
 def _hosts(netloc: str) -> list[tuple[str, int]]:
@@ -181,4 +179,33 @@ def _cluster(
     nodes = [node_class(h, p) for h, p in _hosts(parts.netloc)]
     return cluster_class(
         startup_nodes=nodes, max_connections=pool_size, **auth, **common, **tls
+    )
+
+
+# Where the rate-limit store's URL (and its password) is set; named in refusals.
+REDIS_URL_SETTING = "--redis-url / RLS_REDIS_URL (or REDIS_AUTH with REDIS_URL)"
+_REFUSED = ("NOPERM", "WRONGPASS", "NOAUTH")
+
+
+def refusal(exc: Exception, setting: str = REDIS_URL_SETTING) -> str | None:
+    """Why the store refuses us, in one line naming the setting to fix; None when `exc` is
+    not a refusal (a timeout, a closed connection). Redis's own text says neither (its answer
+    to a missing password is about HELLO's syntax)."""
+    text = str(exc).strip()
+    code = text.split(" ", 1)[0]
+    coded = isinstance(exc, ResponseError) and code in _REFUSED
+    if isinstance(exc, NoPermissionError) or (coded and code == "NOPERM"):
+        return (
+            f"the Redis user lacks a permission rls needs ({text}): grant it in the ACL, "
+            f"or set another user in {setting}"
+        )
+    if not (isinstance(exc, AuthenticationError) or coded):
+        return None
+    if "HELLO must be called" in text or "Authentication required" in text or code == "NOAUTH":
+        return (
+            f"Redis needs a password and none was given: set it in {setting} "
+            "as redis://[user]:PASSWORD@host:port/db"
+        )
+    return (
+        f"Redis refuses the user or password ({text.rstrip('.')}): fix them in {setting}"
     )

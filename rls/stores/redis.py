@@ -27,16 +27,13 @@ from dataclasses import replace
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
-    AuthenticationError,
     MaxConnectionsError,
-    NoPermissionError,
     NoScriptError,
     ReadOnlyError,
     RedisError,
-    ResponseError,
 )
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rls.core.admission import admit
@@ -46,7 +43,7 @@ from rls.core.usage import UsageOp
 from rls.stores.base import BackendError, StoreDown
 from rls.stores.breaker import CircuitBreaker
 from rls.stores.clock import StoreClock
-from rls.stores.connect import connect
+from rls.stores.connect import connect, refusal
 from rls.stores.deadline import Deadline, Guard
 from rls.stores.node_breakers import NodeBreakers
 from rls.stores.scripts import (
@@ -88,17 +85,6 @@ def _observed(future: asyncio.Future[Any]) -> None:
 
 class StoreRejected(BackendError):
     """The store answers but refuses us (wrong password, ACL): not ready, and it says why."""
-
-
-def _rejection(exc: Exception) -> str | None:
-    """Why the store refuses us, when the error says so (auth, ACL), else None."""
-    if isinstance(exc, (AuthenticationError, NoPermissionError)):
-        return str(exc)
-    text = str(exc)
-    refused = ("NOPERM", "WRONGPASS", "NOAUTH")
-    if isinstance(exc, ResponseError) and text.split(" ", 1)[0] in refused:
-        return text
-    return None
 
 
 class RedisBackend:
@@ -231,7 +217,7 @@ class RedisBackend:
                 await self._wire.open()
             await self.clock.sync_in(self._probe_thread, self._probe_client.time)
         except (RedisError, OSError) as exc:
-            why = _rejection(exc)
+            why = refusal(exc)
             if why is not None:
                 raise StoreRejected(f"redis refuses rls: {why}") from exc
             raise BackendError(f"redis not reachable: {exc}") from exc

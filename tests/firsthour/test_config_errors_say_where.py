@@ -162,3 +162,47 @@ def test_reload_log_names_the_changed_file_the_line_and_keeps_the_old_config(
     )
     wait_until(lambda: expected in proc.log(), timeout=10, what="reload error logged")
     assert f"config change detected: {good}" in proc.log()
+
+
+MISINDENTED = (
+    "domain: d\n"
+    "descriptors:\n"
+    "  - key: k\n"
+    "    rate_limit:\n"
+    "    unit: second\n"
+    "    requests_per_unit: 1\n"
+)
+
+
+def test_limit_fields_beside_an_empty_rate_limit_are_located_warnings() -> None:
+    texts = [str(w) for w in load_files([("f.yaml", MISINDENTED)]).warnings]
+    assert any("'unit' is a rate limit field on the descriptor itself" in t
+               and "at f.yaml:5, node d.k.unit" in t for t in texts), texts
+    assert any("'requests_per_unit' is a rate limit field" in t and "at f.yaml:6" in t
+               for t in texts), texts
+    assert any("empty rate_limit" in t and "at f.yaml:4, node d.k.rate_limit" in t
+               for t in texts), texts
+
+
+def test_limit_field_beside_a_full_rate_limit_and_at_the_top_are_warnings() -> None:
+    config = load_files([(
+        "f.yaml",
+        "domain: d\nalgorithm: gcra\ndescriptors:\n  - key: k\n"
+        "    rate_limit: {unit: second, requests_per_unit: 1}\n    burst: 5\n",
+    )])
+    texts = [str(w) for w in config.warnings]
+    assert any("'algorithm' at the top of the file is ignored" in t and "at f.yaml:2" in t
+               for t in texts), texts
+    assert any("'burst' is a rate limit field" in t and "node d.k.burst" in t
+               for t in texts), texts
+
+
+def test_check_config_strict_fails_on_a_misindented_limit(tmp_path: Path) -> None:
+    bad = write(tmp_path / "bad.yaml", MISINDENTED)
+    done = rls("check-config", str(bad))
+    assert done.returncode == 0, done.stderr
+    assert f"{bad}: warning: 'unit' is a rate limit field" in done.stderr
+    assert f"at {bad}:5" in done.stderr
+    strict = rls("check-config", "--strict", str(bad))
+    assert strict.returncode == 1
+    assert "FAILED (--strict): 3 warning(s)" in strict.stderr

@@ -101,3 +101,71 @@ def test_readme_counter_value_format(served, redis_server) -> None:
     assert key.endswith("|f60") and before <= int(index) <= after
     assert client.get(keys[0]) == b"3"  # the count, an integer
     assert 0 < client.pttl(keys[0]) <= 61_000  # to the window's end + 1 s
+
+
+def test_migration_states_defaults_and_reference_variables_truthfully() -> None:
+    from rls.settings import REFERENCE_ENV, Settings
+
+    assert f"default {Settings().backend_timeout_ms} ms" in MIGRATION
+    assert "default 15 ms" not in MIGRATION
+    identical = MIGRATION.split("## Identical", 1)[1].split("\n## ", 1)[0]
+    assert "Content-Type" not in identical and "content-type" not in identical.lower()
+    different = MIGRATION.split("## Different, and why", 1)[1].split("\n## ", 1)[0]
+    assert "`/json`: a POST needs `Content-Type: application/json` (else 415)" in different
+    for var in ("FORCE_START_WITHOUT_INITIAL_CONFIG", "GRPC_UDS"):
+        assert f"`{var}" in MIGRATION and var not in REFERENCE_ENV.values(), var
+        assert "not read" in MIGRATION.split(var, 1)[1].split("\n", 1)[0], var
+    assert "The reference's default socket type is `unix`" in MIGRATION
+    assert normalize_redis_url("host:6379", {}).startswith("redis://")  # tcp, not unix
+
+
+def test_counters_doc_matches_the_store_and_the_parser() -> None:
+    counters = (ROOT / "docs" / "counters.md").read_text(encoding="utf-8")
+    assert "exists in the counters API only" not in counters
+    assert "`{c: count, k: original key}`" not in counters
+    lua = (ROOT / "rls" / "lua" / "counters_window.lua").read_text(encoding="utf-8")
+    assert 'if orig ~= "" then' in lua  # `k` only for hashed keys, as counters.md says
+    assert "its hash holds `c` only" in counters
+    from rls.config.loader import load_files
+
+    config = load_files([("r.yaml", "domain: r\ndescriptors:\n  - key: k\n    rate_limit:\n"
+                          "      {unit: hour, requests_per_unit: 1, "
+                          "window: rolling_from_first_hit}\n")])
+    assert config.domains["r"].root.ordered[0].limits[0].rolling
+
+
+def test_readme_layout_names_the_packages_where_the_code_is() -> None:
+    layout = README.split("## Layout", 1)[1]
+    for package in re.findall(r"^(rls/\w+)/", layout, re.M):
+        assert (ROOT / package).is_dir(), package
+    for module, where in (("admission", "core"), ("keys", "core"), ("limiter", "engine")):
+        assert (ROOT / "rls" / where / f"{module}.py").exists()
+    core = next(line for line in layout.splitlines() if line.startswith("rls/core/"))
+    assert "algorithms" in core and "key encoding" in core and "admission" in core
+    engine = next(line for line in layout.splitlines() if line.startswith("rls/engine/"))
+    assert "algorithms" not in engine and "admission" not in engine
+
+
+def test_demo_quota_is_documented() -> None:
+    quota = (ROOT / "docs" / "quota-mode.md").read_text(encoding="utf-8")
+    assert "`rls demo --quota`" in README and "`rls demo --quota`" in quota
+
+
+def test_breaker_gauge_values_agree_in_docs_and_code() -> None:
+    from rls.server import _CIRCUIT_VALUE
+    from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN
+
+    breaker = (ROOT / "rls" / "stores" / "breaker.py").read_text(encoding="utf-8")
+    assert "_set(HALF_OPEN" not in breaker and "state = HALF_OPEN" not in breaker
+    assert (_CIRCUIT_VALUE[CLOSED], _CIRCUIT_VALUE[OPEN]) == (0.0, 1.0)
+    assert HALF_OPEN  # named, never entered
+    metrics = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    observability = (ROOT / "docs" / "observability.md").read_text(encoding="utf-8")
+    for doc in (metrics, observability):
+        rows = [line for line in doc.splitlines() if "rls_backend_circuit_open`" in line
+                and ("closed" in line or "open" in line)]
+        assert rows, doc[:80]
+        for row in rows:
+            assert "0 closed" in row and "1 open" in row and "0.5" not in row, row
+    dashboard = (ROOT / "helm" / "rls" / "files" / "grafana-dashboard.json").read_text()
+    assert "0.5 probing" not in dashboard and "0 closed, 1 open" in dashboard

@@ -89,6 +89,13 @@ BAD_SETTINGS = [
     ([], {"RLS_FAILURE_MODE": "sometimes"}, "RLS_FAILURE_MODE"),
     (["--http-addr", "localhost"], {}, "--http-addr"),
     ([], {"REDIS_URL": "http://redis:6379"}, "REDIS_URL"),
+    (["--redis-url", "redis:/127.0.0.1:6379"], {}, "--redis-url"),
+    (["--redis-url", "redis://127.0.0.1:6379/abc"], {}, "--redis-url"),
+    ([], {"RLS_REDIS_URL": "redis://:6379/0"}, "RLS_REDIS_URL"),
+    ([], {"REDIS_URL": "127.0.0.1:port"}, "REDIS_URL"),
+    ([], {"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": "host:6379"}, "REDIS_URL"),
+    (["--cache-config", "config/cache.yaml", "--cache-store", "redis://h:6379/x"], {},
+     "--cache-store"),
     (["--cache-config", "config/cache.yaml", "--cache-store", "memcache://x"], {},
      "--cache-store"),
     (["--cache-config", "/nonexistent/cache.yaml"], {}, "--cache-config"),
@@ -199,3 +206,17 @@ def test_empty_directory_next_to_a_good_one_is_a_logged_warning(
                  timeout=30)
     assert strict.returncode == 2
     assert "directory has no descriptor files" in one_line(strict.stderr)
+
+
+def test_serve_logs_a_misindented_limit_and_strict_refuses_it(rls_factory, tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    bad = cfg / "ff.yaml"
+    bad.write_text("domain: ff\ndescriptors:\n  - key: user\n    rate_limit:\n"
+                   "    unit: minute\n    requests_per_unit: 7\n")
+    proc = rls_factory(cfg)
+    assert f"{bad}: warning: 'unit' is a rate limit field" in proc.log()
+    assert "empty rate_limit" in proc.log()
+    strict = rls(*serve_args(), "--config", str(bad), "--strict", timeout=30)
+    assert strict.returncode == 1
+    assert f"at {bad}:" in strict.stderr

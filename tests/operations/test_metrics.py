@@ -81,7 +81,7 @@ def test_families_are_present_and_move(srv):
 
     assert delta(before, after, "rls_requests_total", domain="ops", code="OK") == 5
     assert delta(before, after, "rls_requests_total", domain="ops", code="OVER_LIMIT") == 2
-    assert delta(before, after, "rls_domain_not_found_total") == 1
+    assert delta(before, after, "rls_domain_not_found_total", domain="no-such-domain") == 1
     assert delta(before, after, "rls_request_errors_total", reason="invalid_argument") == 1
     assert [
         delta(before, after, f"rls_limit_{kind}_total", key="ops.two")

@@ -97,7 +97,23 @@ def test_wrong_password_is_not_ready_says_why_and_fails_fast(
                what="the backend failure logged")
     log = rls.log()
     assert "invalid username-password pair" in log, log
+    assert "Redis refuses the user or password (invalid username-password pair or user is " \
+        "disabled): fix them in --redis-url / RLS_REDIS_URL" in log, log
     assert_no_secret(log)
+
+
+def test_missing_password_is_one_line_naming_the_setting(
+    auth_redis: AuthSetup, rls_factory, tmp_path: Path
+):
+    url = f"redis://127.0.0.1:{auth_redis.proc.port}/0"
+    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), url, ready=False)
+    wait_until(lambda: "redis refuses rls" in rls.log(), timeout=10,
+               what="the refusal logged with its reason")
+    lines = [line for line in rls.log().splitlines() if "ERROR" in line]
+    assert len(lines) == 1, rls.log()
+    assert "Redis needs a password and none was given: set it in --redis-url / " \
+        "RLS_REDIS_URL" in lines[0], lines
+    assert "HELLO" not in rls.log()
 
 
 @pytest.mark.parametrize("url", [
