@@ -36,19 +36,6 @@ PARSE_MEMO_MAX = PARSE_MEMO_ENTRIES  # distinct request encodings remembered
 Parsed = tuple[str, list[DescriptorIn], int, rls_pb2.RateLimitRequest | None]
 
 
-def _envoy_timeout(context: grpc.aio.ServicerContext) -> float | None:
-    """Envoy's filter timeout from `x-envoy-expected-rq-timeout-ms`, when no gRPC deadline
-    came with the call (seconds)."""
-    for key, value in context.invocation_metadata() or ():
-        if key == "x-envoy-expected-rq-timeout-ms":
-            try:
-                ms = int(value)
-            except (TypeError, ValueError):
-                return None
-            return ms / 1000 if ms > 0 else None
-    return None
-
-
 class RateLimitService:
     def __init__(self, limiter: RateLimiter, settings: Settings, metrics: Metrics) -> None:
         self.limiter = limiter
@@ -85,11 +72,10 @@ class RateLimitService:
         if parsed is None:
             parsed = await self._parse(data, context)
         domain, descriptors, request_hits, request = parsed
-        # The caller's deadline (Envoy sends its filter timeout) sets the budget, less a margin
-        # to send the answer back; without one, --backend-timeout-ms applies.
+        # The caller's deadline (Envoy sends its filter timeout as grpc-timeout, with the same
+        # value in x-envoy-expected-rq-timeout-ms) sets the budget, less a margin to send the
+        # answer back; without one, --backend-timeout-ms applies (no metadata scan per call).
         remaining = context.time_remaining()
-        if remaining is None:
-            remaining = _envoy_timeout(context)
         # The margin grows with the deadline (10 %): answering takes longer under load.
         budget = (
             None if remaining is None
