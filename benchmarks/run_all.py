@@ -21,11 +21,13 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 SCRIPTS = (
+    "cpu_per_call",
     "rls_throughput",
     "latency_at_load",
     "workers_scale",
     "engine_compare",
     "redis_cost",
+    "redis_batch",
     "envoy_e2e",
     "counters_service",
     "soak",
