@@ -212,22 +212,10 @@ class Wire:
         """Queue one packed command; its future gets the reply (an error reply as a
         `hiredis.ReplyError` value, see `reply_exception`), ConnectionError when the connection
         is lost, or is cancelled when `deadline` expires (`deadline.reason` then says why)."""
-        proto = self._proto
-        if proto is None:
-            self._reopen()
-            raise RedisConnectionError(f"redis: reconnecting ({self.last_error or 'closed'})")
-        waiting = proto.waiting
-        if len(waiting) >= self.max_inflight:
-            raise RedisConnectionError(f"redis: {len(waiting)} calls in flight on the wire")
-        future: asyncio.Future[Any] = self.loop.create_future()
+        waiting = self._room().waiting
+        future = self._queued(deadline)
         waiting.append(future)
         self._out.append(payload)
-        if deadline is not None:
-            deadline.on_expire = future.cancel
-            self._watch.append((future, deadline))
-        if not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self._flush)
         return future
 
     def merge(
@@ -235,15 +223,26 @@ class Wire:
     ) -> asyncio.Future[Any]:
         """Like `call`, for a call the merger packs: sent alone, or with the other mergeable
         calls of this loop turn as one command when there are at least `min_depth`."""
+        self._room()
+        future = self._queued(deadline)
+        self._merging.append((keys, args))
+        self._merging_futures.append(future)
+        return future
+
+    def _room(self) -> _Protocol:
+        """The open connection, if it has room for one more call (else ConnectionError)."""
         proto = self._proto
         if proto is None:
             self._reopen()
             raise RedisConnectionError(f"redis: reconnecting ({self.last_error or 'closed'})")
-        if len(proto.waiting) + len(self._merging) >= self.max_inflight:
-            raise RedisConnectionError(f"redis: {len(proto.waiting)} calls in flight on the wire")
+        queued = len(proto.waiting) + len(self._merging)
+        if queued >= self.max_inflight:
+            raise RedisConnectionError(f"redis: {queued} calls in flight on the wire")
+        return proto
+
+    def _queued(self, deadline: Deadline | None) -> asyncio.Future[Any]:
+        """A new call's future, its deadline watched, the flush of this loop turn scheduled."""
         future: asyncio.Future[Any] = self.loop.create_future()
-        self._merging.append((keys, args))
-        self._merging_futures.append(future)
         if deadline is not None:
             deadline.on_expire = future.cancel
             self._watch.append((future, deadline))

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Iterator
 
-import pytest
-from conftest import RedisServer, start_redis
+from conftest import RedisServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,22 +25,6 @@ from rls.stores.scripts import BATCH_MIN_DEPTH
 
 NOW = 1_700_000_000_000
 _RUN = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    redis = start_redis()
-    yield redis
-    redis.stop()
-
-
-@pytest.fixture
-async def backend(server: RedisServer) -> AsyncIterator[RedisBackend]:
-    server.client().flushall()
-    b = RedisBackend(server.url, timeout_ms=5000)
-    await b.start()
-    yield b
-    await b.close()
 
 
 def evalsha_calls(server: RedisServer) -> int:
@@ -62,7 +44,7 @@ requests = st.lists(
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(limits=st.tuples(*(st.integers(0, 6) for _ in range(3))), batch=requests)
 async def test_a_batch_decides_each_request_as_the_memory_store_does_in_order(
-    backend: RedisBackend, limits: tuple[int, int, int], batch: list[list[tuple[int, int]]]
+    started: RedisBackend, limits: tuple[int, int, int], batch: list[list[tuple[int, int]]]
 ) -> None:
     run = next(_RUN)
     caps = [Limit(requests_per_unit=n, unit=Unit.MINUTE, full_key=f"b.k{i}")
@@ -73,31 +55,31 @@ async def test_a_batch_decides_each_request_as_the_memory_store_does_in_order(
 
     memory = MemoryBackend(sweep_interval=0)
     expected = [memory.decide_now(checks(r), NOW) for r in batch]
-    got = await asyncio.gather(*(backend.decide(checks(r), NOW) for r in batch))
+    got = await asyncio.gather(*(started.decide(checks(r), NOW) for r in batch))
     assert got == expected
 
 
 async def test_requests_of_one_loop_turn_are_one_evalsha(
-    backend: RedisBackend, server: RedisServer
+    started: RedisBackend, server: RedisServer
 ) -> None:
     cap = Limit(requests_per_unit=25, unit=Unit.HOUR, full_key="b.k")
-    await backend.decide([Check(0, cap, "warm", 1)])
+    await started.decide([Check(0, cap, "warm", 1)])
     before = evalsha_calls(server)
-    verdicts = await asyncio.gather(*(backend.decide([Check(0, cap, "same", 1)])
+    verdicts = await asyncio.gather(*(started.decide([Check(0, cap, "same", 1)])
                                       for _ in range(40)))
     assert evalsha_calls(server) - before == 1
     assert [v.admitted for v in verdicts] == [True] * 25 + [False] * 15  # in order, exact
 
 
 async def test_a_batch_meeting_a_flushed_redis_is_sent_again_then_batched_again(
-    backend: RedisBackend, server: RedisServer
+    started: RedisBackend, server: RedisServer
 ) -> None:
     cap = Limit(requests_per_unit=1000, unit=Unit.HOUR, full_key="b.k")
-    await asyncio.gather(*(backend.decide([Check(0, cap, "f", 1)]) for _ in range(5)))
+    await asyncio.gather(*(started.decide([Check(0, cap, "f", 1)]) for _ in range(5)))
     server.client().script_flush()
-    verdicts = await asyncio.gather(*(backend.decide([Check(0, cap, "f", 1)]) for _ in range(5)))
+    verdicts = await asyncio.gather(*(started.decide([Check(0, cap, "f", 1)]) for _ in range(5)))
     assert all(v.admitted for v in verdicts)
     assert [o.remaining for v in verdicts for o in v.outcomes] == list(range(994, 989, -1))
     before = evalsha_calls(server)
-    await asyncio.gather(*(backend.decide([Check(0, cap, "f", 1)]) for _ in range(5)))
+    await asyncio.gather(*(started.decide([Check(0, cap, "f", 1)]) for _ in range(5)))
     assert evalsha_calls(server) - before == 1

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import RedisServer, start_redis
+from conftest import RedisServer
 
 from rls.config.model import Limit, Unit
 from rls.core.algorithms.base import GRACE_MS
@@ -24,14 +24,6 @@ from rls.core.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
 from rls.stores.scripts import decide_script, lean_script
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    """A private Redis: these tests flush scripts and read command statistics."""
-    redis = start_redis()
-    yield redis
-    redis.stop()
 
 
 @pytest.fixture

@@ -11,35 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 import redis as redis_py
-from conftest import RedisServer, start_redis
+from conftest import RedisServer
 
 from rls.config.model import Limit, Unit
 from rls.core.model import Check
 from rls.stores.base import BackendError
 from rls.stores.deadline import STORE_SLOW, Deadline, LoopLag
 from rls.stores.redis import RedisBackend
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    redis = start_redis()
-    yield redis
-    redis.stop()
-
-
-@pytest.fixture
-async def backend(server: RedisServer) -> AsyncIterator[RedisBackend]:
-    server.client().flushall()
-    b = RedisBackend(server.url, timeout_ms=5000)
-    await b.start()
-    yield b
-    await b.close()
-
 
 LIMIT = Limit(requests_per_unit=1000, unit=Unit.HOUR, full_key="d.k")
 
@@ -48,14 +30,14 @@ def check(key: str, hits: int = 1) -> Check:
     return Check(0, LIMIT, key, hits)
 
 
-def wire_of(backend: RedisBackend) -> Any:
-    assert backend._wire is not None
-    return backend._wire
+def wire_of(started: RedisBackend) -> Any:
+    assert started._wire is not None
+    return started._wire
 
 
-async def test_calls_queued_in_one_loop_turn_go_out_in_one_write(backend: RedisBackend) -> None:
-    await backend.decide([check("warm")])
-    wire = wire_of(backend)
+async def test_calls_queued_in_one_loop_turn_go_out_in_one_write(started: RedisBackend) -> None:
+    await started.decide([check("warm")])
+    wire = wire_of(started)
     transport = wire._proto.transport
     writes: list[int] = []
     original = transport.write
@@ -66,7 +48,7 @@ async def test_calls_queued_in_one_loop_turn_go_out_in_one_write(backend: RedisB
 
     transport.write = counting
     try:
-        verdicts = await asyncio.gather(*(backend.decide([check(f"k{i}")]) for i in range(50)))
+        verdicts = await asyncio.gather(*(started.decide([check(f"k{i}")]) for i in range(50)))
     finally:
         transport.write = original
     assert all(v.admitted for v in verdicts)
@@ -74,18 +56,18 @@ async def test_calls_queued_in_one_loop_turn_go_out_in_one_write(backend: RedisB
 
 
 async def test_replies_reach_their_own_callers_after_earlier_callers_gave_up(
-    backend: RedisBackend, server: RedisServer
+    started: RedisBackend, server: RedisServer
 ) -> None:
     """Calls whose deadline passed while Redis was paused leave the queue in order: the calls
     after them get their own counters, not a neighbour's reply."""
     for i in range(10):
-        await backend.decide([check(f"own{i}", hits=i + 1)])  # counter own<i> holds i + 1
+        await started.decide([check(f"own{i}", hits=i + 1)])  # counter own<i> holds i + 1
     lag = LoopLag()
     pauser = redis_py.Redis(port=server.port)
     await asyncio.to_thread(pauser.execute_command, "CLIENT", "PAUSE", "1000", "ALL")
     expired = [
         asyncio.ensure_future(
-            backend.decide([check(f"gone{i}")], deadline=Deadline(lag, 0.05, 0.05))
+            started.decide([check(f"gone{i}")], deadline=Deadline(lag, 0.05, 0.05))
         )
         for i in range(20)
     ]
@@ -93,31 +75,31 @@ async def test_replies_reach_their_own_callers_after_earlier_callers_gave_up(
     assert all(isinstance(r, TimeoutError) for r in results), results
     # Redis resumes and answers the expired calls first; these must still get their own.
     verdicts = await asyncio.gather(
-        *(backend.peek([check(f"own{i}", hits=0)]) for i in range(10))
+        *(started.peek([check(f"own{i}", hits=0)]) for i in range(10))
     )
     assert [v.outcomes[0].used for v in verdicts] == [i + 1 for i in range(10)]
     pauser.close()
 
 
 async def test_an_expired_call_names_the_store_and_its_reply_is_dropped(
-    backend: RedisBackend, server: RedisServer
+    started: RedisBackend, server: RedisServer
 ) -> None:
     lag = LoopLag()
     pauser = redis_py.Redis(port=server.port)
     await asyncio.to_thread(pauser.execute_command, "CLIENT", "PAUSE", "200", "ALL")
     deadline = Deadline(lag, 0.03, 0.03, caller=True)
-    started = time.monotonic()
+    t0 = time.monotonic()
     with pytest.raises(TimeoutError):
-        await backend.decide([check("late")], deadline=deadline)
+        await started.decide([check("late")], deadline=deadline)
     assert deadline.reason == STORE_SLOW
-    assert time.monotonic() - started < 0.15  # bounded by the deadline, not by Redis
+    assert time.monotonic() - t0 < 0.15  # bounded by the deadline, not by Redis
     pauser.close()
 
 
 async def test_a_dropped_connection_fails_calls_at_once_and_the_wire_reopens(
-    backend: RedisBackend, server: RedisServer
+    started: RedisBackend, server: RedisServer
 ) -> None:
-    await backend.decide([check("before")])
+    await started.decide([check("before")])
     killer = redis_py.Redis(port=server.port)
     name = "rls-killer"
     killer.client_setname(name)
@@ -129,23 +111,23 @@ async def test_a_dropped_connection_fails_calls_at_once_and_the_wire_reopens(
     deadline = time.monotonic() + 5
     while True:
         try:
-            verdict = await backend.decide([check("after")])
+            verdict = await started.decide([check("after")])
             break
         except BackendError:
             failures += 1
             assert time.monotonic() < deadline, "the wire did not reopen"
             await asyncio.sleep(0.01)
     assert verdict.admitted
-    assert wire_of(backend).connected
+    assert wire_of(started).connected
     killer.close()
 
 
 async def test_a_flushed_script_is_loaded_again_on_the_wire(
-    backend: RedisBackend, server: RedisServer
+    started: RedisBackend, server: RedisServer
 ) -> None:
-    await backend.decide([check("x")])
+    await started.decide([check("x")])
     server.client().script_flush()
-    verdicts = await asyncio.gather(*(backend.decide([check("x")]) for _ in range(5)))
+    verdicts = await asyncio.gather(*(started.decide([check("x")]) for _ in range(5)))
     assert all(v.admitted for v in verdicts)
     assert int(server.client().get(next(iter(server.client().keys("x*")))) or 0) == 6
 
