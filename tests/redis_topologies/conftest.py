@@ -22,13 +22,23 @@ from .servers import (
 from .servers import Proc as RedisProc
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterTopology]:
-    topo = start_cluster(tmp_path_factory.mktemp("cluster"), masters=3, replicas=0)
+def _cluster(factory: pytest.TempPathFactory, replicas: int) -> Iterator[ClusterTopology]:
+    topo = start_cluster(factory.mktemp("cluster"), masters=3, replicas=replicas)
     try:
         yield topo
     finally:
         topo.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterTopology]:
+    yield from _cluster(tmp_path_factory, replicas=0)
+
+
+@pytest.fixture
+def cluster_with_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterTopology]:
+    """3 masters with a replica each, per test: a failover destroys it."""
+    yield from _cluster(tmp_path_factory, replicas=1)
 
 
 @pytest.fixture

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import pytest
 import redis
 from conftest import wait_until
 
 from .rlsclient import OK, Client, desc, key_of, start_rls, write_config
-from .servers import ClusterTopology, start_cluster
+from .servers import ClusterTopology
 
 DOMAIN = "clf"
 CONFIG = """
@@ -33,15 +31,6 @@ descriptors:
 CALLER_DEADLINE_S = 0.5  # Envoy's filter timeout, sent as the gRPC deadline
 SLACK_S = 0.25  # answering after the deadline is Envoy's DEADLINE_EXCEEDED: barely any slack
 RESUME_S = 1.0
-
-
-@pytest.fixture
-def cluster6(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterTopology]:
-    topo = start_cluster(tmp_path_factory.mktemp("cluster6"), masters=3, replicas=1)
-    try:
-        yield topo
-    finally:
-        topo.stop()
 
 
 @dataclass
@@ -96,14 +85,14 @@ def owner_port(cluster: ClusterTopology, survivor: int, key: str) -> int | None:
 
 
 def test_a_master_killed_under_load_costs_failure_mode_answers_only_until_promotion(
-    cluster6: ClusterTopology, rls_factory, tmp_path: Path
+    cluster_with_replicas: ClusterTopology, rls_factory, tmp_path: Path
 ) -> None:
-    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), cluster6.url)
+    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), cluster_with_replicas.url)
     values = [f"v{i}" for i in range(60)]
     key = {v: key_of(CONFIG, DOMAIN, [("load", v)]) for v in values}
-    victim = cluster6.slot_owner(key[values[0]])
-    survivor = next(m.port for m in cluster6.masters if m.port != victim.port)
-    on_victim = {v for v in values if cluster6.slot_owner(key[v]).port == victim.port}
+    victim = cluster_with_replicas.slot_owner(key[values[0]])
+    survivor = next(m.port for m in cluster_with_replicas.masters if m.port != victim.port)
+    on_victim = {v for v in values if cluster_with_replicas.slot_owner(key[v]).port == victim.port}
     assert on_victim and len(on_victim) < len(values)
     loads = [Load(rls.grpc_addr, values[i::4]) for i in range(4)]
     for load in loads:
@@ -116,7 +105,7 @@ def test_a_master_killed_under_load_costs_failure_mode_answers_only_until_promot
         promoted_at: list[float] = []
 
         def promoted() -> bool:
-            port = owner_port(cluster6, survivor, key[values[0]])
+            port = owner_port(cluster_with_replicas, survivor, key[values[0]])
             if port is not None and port != victim.port:
                 promoted_at.append(time.monotonic())
                 return True
