@@ -198,8 +198,9 @@ class CountersService:
         self.metrics.items.labels("get", "unavailable").inc()
         return Result("unavailable", f"store unavailable and no known value: {why}")
 
-    async def listing(self, domain: str) -> list[dict[str, Any]]:
-        """Live counters of a domain, with the original key of hashed ones."""
+    async def listing(self, domain: str) -> dict[str, Any]:
+        """Live counters of a domain with their original keys, at most MAX_LISTING:
+        {"counters": [...], "truncated": more exist, "skipped": keys that are not counters}."""
         prefix = f"{len(domain.encode())}:{domain}:"
         store = self.store
         if isinstance(store, RedisCounterStore):
@@ -210,4 +211,4 @@ class CountersService:
                 raise CounterStoreError(f"redis: {exc}") from exc
         if isinstance(store, MemoryCounterStore):
             return store.listing(prefix)
-        return []
+        return {"counters": [], "truncated": False, "skipped": 0}

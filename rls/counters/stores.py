@@ -8,19 +8,21 @@ call (e.g. WRONGTYPE, OOM on that write) is that item's Result with code "unavai
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rls.counters.model import Item, Result
+from rls.counters.model import MAX_LISTING, Item, Result, original_key
 from rls.stores.pipelining import ScriptBatcher
 
 SCRIPT_FILE = "counters_window.lua"
+log = logging.getLogger("rls.counters")
 
 
 class CounterStoreError(Exception):
@@ -82,13 +84,19 @@ class MemoryCounterStore:
             return Result(freq=0, ttl_ms=0 if item.rolling else end - now)
         return Result(freq=entry[0], ttl_ms=entry[1] - now)
 
-    def listing(self, domain_prefix: str = "") -> list[dict[str, Any]]:
+    def listing(self, domain_prefix: str = "", limit: int = MAX_LISTING) -> dict[str, Any]:
+        """Live counters under a domain, at most `limit` (`truncated` says more exist)."""
         now = int(self._clock() * 1000)
-        return [
-            {"key": key, "original": orig or None, "freq": count, "ttl_ms": exp - now}
-            for key, (count, exp, orig) in self._data.items()
-            if exp > now and key.startswith(self.prefix + "c{" + domain_prefix)
-        ]
+        head = self.prefix + "c{" + domain_prefix
+        out: list[dict[str, Any]] = []
+        for key, (count, exp, orig) in self._data.items():
+            if exp <= now or not key.startswith(head):
+                continue
+            if len(out) >= limit:
+                return {"counters": out, "truncated": True, "skipped": 0}
+            original = orig or original_key(key.encode("utf-8", "surrogatepass"), self.prefix)
+            out.append({"key": key, "original": original, "freq": count, "ttl_ms": exp - now})
+        return {"counters": out, "truncated": False, "skipped": 0}
 
     def sweep(self) -> int:
         now = int(self._clock() * 1000)
@@ -267,23 +275,42 @@ class RedisCounterStore:
                 out.append(Result(freq=int(reply[o + 1]), ttl_ms=int(reply[o + 2])))
         return now, out
 
-    async def listing(self, domain_prefix: str = "", limit: int = 1000) -> list[dict[str, Any]]:
-        """Live counters under a domain (SCAN; Cluster: the first node only), with the
-        original key of hashed counters."""
+    async def listing(self, domain_prefix: str = "", limit: int = MAX_LISTING) -> dict[str, Any]:
+        """Live counters under a domain (SCAN; Cluster: the first node only), at most `limit`,
+        with their original keys. A key of the domain that is not a counter hash (WRONGTYPE,
+        written by something else) is skipped and counted in `skipped`, never failing the
+        listing; a connection failure raises (the caller answers 503)."""
         pattern = f"{self.prefix}c{{{domain_prefix}*"
         out: list[dict[str, Any]] = []
-        async for raw in self.client.scan_iter(match=pattern, count=500):
-            key = raw.decode() if isinstance(raw, bytes) else raw
-            count, orig = await self.client.hmget(key, "c", "k")
-            ttl = await self.client.pttl(key)
+        skipped: list[tuple[bytes, str]] = []
+        truncated = False
+        client = self.client
+        async for raw in client.scan_iter(match=pattern, count=500):
+            key = raw if isinstance(raw, bytes) else raw.encode()
+            if len(out) >= limit:
+                truncated = True
+                break
+            try:
+                count, orig = await client.hmget(key, "c", "k")
+                ttl = await client.pttl(key)
+                freq = int(count or 0)
+            except (ResponseError, ValueError) as exc:
+                skipped.append((key, str(exc)))
+                continue
+            if ttl == -2:  # expired between SCAN and HMGET
+                continue
+            original = orig.decode("utf-8", "backslashreplace") if orig else None
             out.append(
                 {
-                    "key": key,
-                    "original": orig.decode() if orig else None,
-                    "freq": int(count or 0),
+                    "key": key.decode("utf-8", "backslashreplace"),
+                    "original": original or original_key(key, self.prefix),
+                    "freq": freq,
                     "ttl_ms": int(ttl),
                 }
             )
-            if len(out) >= limit:
-                break
-        return out
+        if skipped:
+            log.warning(
+                "counters listing of %s: skipped %d keys that are not counters, e.g. %r: %s",
+                pattern, len(skipped), *skipped[0],
+            )
+        return {"counters": out, "truncated": truncated, "skipped": len(skipped)}
