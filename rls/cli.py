@@ -40,6 +40,8 @@ FLAGS = {
     "deadline_margin_ms": "kept from the caller's gRPC deadline to send the answer",
     "overload_cap_ms": "a decision still waiting after this long: UNAVAILABLE (rls overloaded)",
     "max_inflight": "concurrent decisions per process; beyond: RESOURCE_EXHAUSTED",
+    "memory_max_bytes": "memory store: estimated bytes of counters kept; beyond, the least "
+    "recently used are evicted",
     "fallback_share": "share of each limit granted locally while the backend is away (0 = off)",
     "breaker_threshold": "consecutive store connection errors that open the circuit breaker",
     "probe_interval_ms": "open circuit: PING the store this often; the first success closes it",

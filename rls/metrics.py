@@ -140,6 +140,18 @@ class Metrics:
             ["domain", "reason", "answer"],
             registry=r,
         )
+        self.memory_evictions = Counter(
+            "rls_memory_evictions",
+            "Live counters the memory store forgot at its byte bound (least recently used "
+            "first; expired ones are not counted)",
+            registry=r,
+        )
+        self.memory_bytes = Gauge(
+            "rls_memory_store_bytes",
+            "Estimated bytes of the memory store's counters (bound: --memory-max-bytes)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
 
     def _process_families(self, r: CollectorRegistry) -> None:
         """The process: garbage-collector pauses and frozen objects, event-loop lag, and whether

@@ -38,7 +38,7 @@ from rls.services.health import create_health, set_serving
 from rls.services.quota import QuotaService
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
-from rls.stores import create_backend
+from rls.stores import MemoryBackend, create_backend
 from rls.stores.base import Backend, BackendError
 from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.stores.redis import StoreRejected
@@ -103,7 +103,11 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
             probe_timeout_ms=settings.probe_timeout_ms,
         )
     elif backend is None:
-        backend = create_backend(None)
+        memory = MemoryBackend(
+            max_bytes=settings.memory_max_bytes, on_evict=metrics.memory_evictions.inc
+        )
+        metrics.memory_bytes.set_function(lambda: memory.nbytes)
+        backend = memory
     lag = LoopLag(observe=metrics.loop_lag.observe)
     limiter = RateLimiter(holder.current, backend, settings, metrics, lag)
     holder.on_change = lambda _config: limiter.clear_local_cache()

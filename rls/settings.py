@@ -9,6 +9,7 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 
+from rls.stores.memory import DEFAULT_MAX_BYTES
 from rls.stores.urls import normalize_redis_url
 
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
@@ -44,6 +45,9 @@ class Settings:
     # A call still undecided after this long (wall clock) means rls is overloaded: UNAVAILABLE.
     overload_cap_ms: int = 1000
     max_inflight: int = 4096  # concurrent decisions per process; beyond: RESOURCE_EXHAUSTED
+    # Memory store (no --redis-url): estimated bytes of its counters before the least recently
+    # used are evicted. 64 MiB (~200,000 counters) fits the Helm chart's 256 Mi pod limit.
+    memory_max_bytes: int = DEFAULT_MAX_BYTES
     # Share of each limit a process may grant on its own while the backend is away (0 = off,
     # the failure mode answers instead). With N replicas, 1/N keeps the total near the limit.
     fallback_share: float = 0.0
@@ -159,6 +163,7 @@ MINIMUM: dict[str, float] = {
     "probe_timeout_ms": 1,
     "overload_cap_ms": 1,
     "max_inflight": 1,
+    "memory_max_bytes": 1 << 20,
     "deadline_margin_ms": 0,
     "reload_interval": 0,
     "shutdown_delay_ms": 0,

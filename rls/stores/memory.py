@@ -2,6 +2,17 @@
 
 One process, one event loop: a request is decided without awaiting, so it is atomic. Expired
 entries are dropped lazily on access and by a periodic sweep, so memory follows live keys.
+
+Bounded in bytes (`--memory-max-bytes`): each counter is estimated at ENTRY_BYTES plus its
+key's length (measured: ~300 B + key per counter in CPython 3.11, whatever the algorithm). The
+dict's insertion order is the recency order: every decision moves its counters to the end
+(charged or denied: a counter that keeps refusing a caller is in use). When a charge takes the
+estimate over the bound, expired counters are dropped first, then the least recently used,
+down to LOW_WATER of the bound, so the O(n) pass runs once per ~10 % of the bound, not per
+request. An evicted counter is forgotten: its next request starts a fresh window, which may
+admit up to one more limit in that window; the least recently used counter is the one least
+likely to be asked for again before its window ends. Evictions are counted (`on_evict`: the
+`rls_memory_evictions_total` metric).
 """
 
 from __future__ import annotations
@@ -18,13 +29,29 @@ from rls.core.algorithms import ALGORITHMS
 from rls.core.model import NEGATIVE, Check, Outcome, Verdict
 from rls.core.usage import UsageOp
 
+# Estimated bytes of one counter besides its key's characters: dict slot, key object, state
+# tuple, expiry int (measured with 1M keys of fixed_window, sliding_window, token_bucket).
+ENTRY_BYTES = 300
+DEFAULT_MAX_BYTES = 64 << 20  # ~200,000 counters of 30-character keys (Helm: 256 Mi pods)
+LOW_WATER = 0.9  # eviction frees down to this share of the bound
+
 
 class MemoryBackend:
     name = "memory"
 
-    def __init__(self, clock: Callable[[], float] = time.time, sweep_interval: float = 5.0):
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        sweep_interval: float = 5.0,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        on_evict: Callable[[int], None] | None = None,
+    ):
         self._clock = clock
-        self._data: dict[str, tuple[Any, int]] = {}
+        self._data: dict[str, tuple[Any, int]] = {}  # in recency order: last charged last
+        self.max_bytes = max_bytes
+        self.nbytes = 0  # estimated bytes of _data
+        self.evictions = 0
+        self._on_evict = on_evict
         self._sweep_interval = sweep_interval
         self._sweeper: asyncio.Task[None] | None = None
         self._usage: dict[str, tuple[Any, int]] = {}  # daily counters and exact sets
@@ -120,6 +147,7 @@ class MemoryBackend:
         if not charge:
             selected = [False] * len(rows)
         outcomes = []
+        added = 0
         for (check, state, algo, ev), do_charge in zip(rows, selected, strict=True):
             ok, rem_charged, rem_uncharged, reset, used = ev
             if do_charge:
@@ -129,14 +157,50 @@ class MemoryBackend:
                     ok = True
                 else:
                     new_state, expires = algo.charge(state, now_ms, check)
-                if new_state is None:  # nothing to keep (a rolling key left without window)
-                    data.pop(check.key, None)
-                else:
-                    data[check.key] = (new_state, expires)
+                key = check.key  # popped, re-inserted: now the most recent (None: drop it)
+                if data.pop(key, None) is not None:
+                    if new_state is not None:
+                        data[key] = (new_state, expires)
+                    else:
+                        added -= ENTRY_BYTES + len(key)
+                elif new_state is not None:
+                    data[key] = (new_state, expires)
+                    added += ENTRY_BYTES + len(key)
                 outcomes.append(Outcome(ok, True, rem_charged, reset, used))
             else:
+                # A use too (a denied caller keeps hammering it): now the most recent.
+                entry = data.pop(check.key, None)
+                if entry is not None:
+                    data[check.key] = entry
                 outcomes.append(Outcome(ok, False, rem_uncharged if ok else 0, reset, used))
+        if added:
+            self.nbytes += added
+            if self.nbytes > self.max_bytes:
+                self.evict(now_ms)
         return Verdict(admitted, outcomes)
+
+    def evict(self, now_ms: int) -> int:
+        """Back under the bound: expired counters first, then the least recently used,
+        down to LOW_WATER of the bound; returns how many live counters were evicted."""
+        target = self.max_bytes * LOW_WATER
+        self.sweep(now_ms)
+        if self.nbytes <= target:
+            return 0
+        data = self._data
+        victims = []
+        excess = self.nbytes - target
+        for key in data:  # least recently used first
+            victims.append(key)
+            excess -= ENTRY_BYTES + len(key)
+            if excess <= 0:
+                break
+        for key in victims:
+            del data[key]
+            self.nbytes -= ENTRY_BYTES + len(key)
+        self.evictions += len(victims)
+        if self._on_evict is not None:
+            self._on_evict(len(victims))
+        return len(victims)
 
     def sweep(self, now_ms: int | None = None) -> int:
         if now_ms is None:
@@ -144,6 +208,7 @@ class MemoryBackend:
         dead = [k for k, (_, exp) in self._data.items() if exp < now_ms]
         for k in dead:
             del self._data[k]
+            self.nbytes -= ENTRY_BYTES + len(k)
         stale = [k for k, (_, exp) in self._usage.items() if exp < now_ms]
         for k in stale:
             del self._usage[k]
