@@ -35,6 +35,8 @@ FLAGS = {
     "cache_config": "response cache rules: serves Envoy ext_proc on the gRPC port",
     "cache_store": "cache store URL (redis://, rediss://, ssdb://host:port); default: rules file",
     "workers": "worker processes sharing the gRPC port",
+    "worker_max_failures": "--workers > 1: consecutive failures of one worker (restarted with "
+    "back-off) before the supervisor exits 1",
     "failure_mode": "answer when the backend fails: allow (OK) or deny (OVER_LIMIT)",
     "backend_timeout_ms": "store-time budget of one decision when the caller sends no deadline",
     "deadline_margin_ms": "kept from the caller's gRPC deadline to send the answer",
@@ -423,7 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rls.workers import supervise
 
         budget = settings.shutdown_delay_ms / 1000 + settings.drain_seconds + 5.0
-        return supervise(_without_workers(argv), settings.workers, budget)
+        return supervise(
+            _without_workers(argv), settings.workers, budget,
+            max_failures=settings.worker_max_failures,
+        )
     from rls.server import serve
 
     try:

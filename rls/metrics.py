@@ -65,6 +65,9 @@ class Metrics:
         self._dynamic: dict[str, Pending] = {}
         self._requests: dict[tuple[str, str], Pending] = {}
         self.near_ratio = near_ratio
+        # Collectors read at scrape time under --workers, besides the workers' files (the
+        # supervisor's worker slots: rls.workers.WorkersCollector, registered by the server).
+        self.process_collectors: list[Any] = []
         # One builder per area. /metrics shows the families in the order they register here:
         # add new ones at the end of their area, do not reorder (docs/metrics.md lists each).
         self._request_families(r)
@@ -266,6 +269,8 @@ class Metrics:
 
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            for collector in self.process_collectors:
+                registry.register(collector)
             return generate_latest(registry)
         return generate_latest(self.registry)
 

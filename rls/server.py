@@ -42,7 +42,7 @@ from rls.stores import MemoryBackend, create_backend
 from rls.stores.base import Backend, BackendError
 from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.stores.redis import StoreRejected
-from rls.workers import shared_dir, watch_supervisor
+from rls.workers import WorkersCollector, shared_dir, watch_supervisor
 
 log = logging.getLogger("rls.server")
 
@@ -108,6 +108,8 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
         )
         metrics.memory_bytes.set_function(lambda: memory.nbytes)
         backend = memory
+    if shared_dir() is not None:  # a --workers worker: the supervisor's slots on /metrics
+        metrics.process_collectors.append(WorkersCollector())
     lag = LoopLag(observe=metrics.loop_lag.observe)
     limiter = RateLimiter(holder.current, backend, settings, metrics, lag)
     holder.on_change = lambda _config: limiter.clear_local_cache()

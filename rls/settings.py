@@ -36,6 +36,8 @@ class Settings:
     cache_config: str = ""
     cache_store: str = ""  # redis://, ssdb://…; default: the rules file's `store:`
     workers: int = 1
+    # --workers > 1: consecutive failures of one worker slot before the supervisor exits 1
+    worker_max_failures: int = 10
     failure_mode: str = "allow"  # allow | deny when the backend cannot answer in time
     # Store-time budget of one decision when the caller sends no deadline (Envoy sends its
     # filter timeout as the gRPC deadline, and that is used instead, less deadline_margin_ms).
@@ -157,6 +159,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 MINIMUM: dict[str, float] = {
     "workers": 1,
+    "worker_max_failures": 1,
     "backend_timeout_ms": 1,
     "breaker_threshold": 1,
     "probe_interval_ms": 1,
