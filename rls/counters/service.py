@@ -44,6 +44,11 @@ class CountersMetrics:
         self.invalidations = Counter(
             "rls_counters_invalidations", "Hot-key invalidations received (pub/sub)", registry=r
         )
+        self.memory_evictions = Counter(
+            "rls_counters_memory_evictions",
+            "Live counters the memory store forgot at its byte bound (least recently used)",
+            registry=r,
+        )
 
 
 class CountersService:
@@ -64,6 +69,8 @@ class CountersService:
         self.hot = HotKeys(cfg.hot_top_n, cfg.hot_threshold, cfg.hot_ttl_ms)
         self._subscriber = subscriber  # a redis-py client for pub/sub, None: no invalidation
         self._tasks: list[asyncio.Task[None]] = []
+        if isinstance(store, MemoryCounterStore):
+            store.on_evict = self.metrics.memory_evictions.inc
 
     @classmethod
     def for_backend(
@@ -75,8 +82,12 @@ class CountersService:
     ) -> CountersService:
         """The counters service on the RateLimit backend's store (Redis client, breaker)."""
         client = getattr(backend, "client", None)
-        if client is None:
-            return cls(MemoryCounterStore(prefix), config, registry, prefix)
+        if client is None:  # a quarter of the memory store's budget (--memory-max-bytes)
+            budget = getattr(backend, "max_bytes", None)
+            memory = MemoryCounterStore(prefix) if budget is None else MemoryCounterStore(
+                prefix, max_bytes=budget // 4
+            )
+            return cls(memory, config, registry, prefix)
         channel = f"{prefix}counters:changed:" if config.hot_top_n > 0 else ""
         store = RedisCounterStore(
             client,

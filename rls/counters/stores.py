@@ -19,6 +19,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rls.counters.model import MAX_LISTING, Item, Result, original_key
+from rls.stores.memory import DEFAULT_MAX_BYTES, ENTRY_BYTES, LOW_WATER, least_recent
 from rls.stores.pipelining import ScriptBatcher
 
 SCRIPT_FILE = "counters_window.lua"
@@ -45,15 +46,30 @@ def script_text() -> str:
 
 class MemoryCounterStore:
     """Counters in this process, on its own clock. Expired windows are dropped on access and
-    by `sweep` (called from the service every few seconds)."""
+    by `sweep` (called from the service every few seconds).
+
+    Bounded in bytes like the rate-limit memory store (rls.stores.memory, same estimate and
+    order): `max_bytes` is a quarter of `--memory-max-bytes` by default; past it, expired
+    counters go first, then the least recently used (Add or Get), down to LOW_WATER of it.
+    An evicted counter starts again from 0 (`on_evict` counts them)."""
 
     name = "memory"
 
-    def __init__(self, prefix: str = "rl:", clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        prefix: str = "rl:",
+        clock: Callable[[], float] = time.time,
+        max_bytes: int = DEFAULT_MAX_BYTES // 4,
+        on_evict: Callable[[int], None] | None = None,
+    ) -> None:
         self.prefix = prefix
         self._clock = clock
-        # key -> [count, expires_ms, original key]
+        # key -> [count, expires_ms, original key], in recency order (last used last)
         self._data: dict[str, list[Any]] = {}
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.evictions = 0
+        self.on_evict = on_evict
 
     def __len__(self) -> int:
         return len(self._data)
@@ -62,7 +78,23 @@ class MemoryCounterStore:
         self, mode: str, items: Sequence[Item], now_ms: int | None = None
     ) -> list[Result]:
         now = int(self._clock() * 1000) if now_ms is None else now_ms
-        return [self._one(mode, item, now) for item in items]
+        results = [self._one(mode, item, now) for item in items]
+        if self.nbytes > self.max_bytes:
+            self._evict(now)
+        return results
+
+    def _evict(self, now: int) -> None:
+        self.sweep(now)
+        target = self.max_bytes * LOW_WATER
+        if self.nbytes <= target:
+            return
+        data = self._data
+        victims = least_recent(data, self.nbytes - target, _cost)
+        for key in victims:
+            self.nbytes -= _cost(key, data.pop(key))
+        self.evictions += len(victims)
+        if self.on_evict is not None:
+            self.on_evict(len(victims))
 
     def _one(self, mode: str, item: Item, now: int) -> Result:
         base = item.base_key(self.prefix)
@@ -71,15 +103,18 @@ class MemoryCounterStore:
         else:
             _, start, end, _ = item.bounds(now)
             key = f"{base}:{start}"
-        entry = self._data.get(key)
+        data = self._data
+        entry = data.pop(key, None)  # re-inserted below: now the most recent
         if entry is not None and entry[1] <= now:
-            del self._data[key]
+            self.nbytes -= _cost(key, entry)
             entry = None
         if mode == "a":
             if entry is None:
                 entry = [0, end, item.key if item.key_hash else ""]
-                self._data[key] = entry
+                self.nbytes += _cost(key, entry)
             entry[0] += item.hits
+        if entry is not None:
+            data[key] = entry
         if entry is None:
             return Result(freq=0, ttl_ms=0 if item.rolling else end - now)
         return Result(freq=entry[0], ttl_ms=entry[1] - now)
@@ -98,12 +133,17 @@ class MemoryCounterStore:
             out.append({"key": key, "original": original, "freq": count, "ttl_ms": exp - now})
         return {"counters": out, "truncated": False, "skipped": 0}
 
-    def sweep(self) -> int:
-        now = int(self._clock() * 1000)
+    def sweep(self, now_ms: int | None = None) -> int:
+        now = int(self._clock() * 1000) if now_ms is None else now_ms
         dead = [k for k, v in self._data.items() if v[1] <= now]
         for k in dead:
-            del self._data[k]
+            self.nbytes -= _cost(k, self._data.pop(k))
         return len(dead)
+
+
+def _cost(key: str, entry: list[Any]) -> int:
+    """Estimated bytes of one memory counter: as in the rate-limit store, plus the kept key."""
+    return ENTRY_BYTES + len(key) + len(entry[2])
 
 
 class RedisCounterStore:

@@ -36,6 +36,18 @@ DEFAULT_MAX_BYTES = 64 << 20  # ~200,000 counters of 30-character keys (Helm: 25
 LOW_WATER = 0.9  # eviction frees down to this share of the bound
 
 
+def least_recent(data: dict[str, Any], excess: float, cost: Callable[[str, Any], int]) -> list[str]:
+    """Keys from the least recently used end of `data` (a dict kept in recency order) whose
+    costs add up to at least `excess`."""
+    victims = []
+    for key, value in data.items():
+        if excess <= 0:
+            break
+        victims.append(key)
+        excess -= cost(key, value)
+    return victims
+
+
 class MemoryBackend:
     name = "memory"
 
@@ -187,13 +199,7 @@ class MemoryBackend:
         if self.nbytes <= target:
             return 0
         data = self._data
-        victims = []
-        excess = self.nbytes - target
-        for key in data:  # least recently used first
-            victims.append(key)
-            excess -= ENTRY_BYTES + len(key)
-            if excess <= 0:
-                break
+        victims = least_recent(data, self.nbytes - target, lambda key, _: ENTRY_BYTES + len(key))
         for key in victims:
             del data[key]
             self.nbytes -= ENTRY_BYTES + len(key)

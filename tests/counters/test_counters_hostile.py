@@ -2,7 +2,8 @@
 API's body rules (size 413, nesting and syntax 400, read time 408, JSON errors, never a 500);
 every `time_span` of the documented per-unit range works on both stores and one more is a clear
 400 / INVALID_ARGUMENT; listings stop at 1,000 on every store, show the original key of every
-domain, and a key that is not a counter is skipped instead of failing the listing."""
+domain, and a key that is not a counter is skipped instead of failing the listing. The memory
+store of counters is bounded in bytes like the rate-limit one (item 3)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from rls.counters.model import (
 from rls.counters.proto import counters_pb2 as pb
 from rls.counters.proto import counters_pb2_grpc
 from rls.counters.service import CountersService
-from rls.counters.stores import MemoryCounterStore, RedisCounterStore
+from rls.counters.stores import MemoryCounterStore, RedisCounterStore, _cost
 
 TOKEN = "c0unters"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -230,3 +231,22 @@ def test_http_listing_shows_original_keys_of_a_plain_domain(server) -> None:
     listed = get_json(server.http_url + "/v1/counters/list?domain=plain")
     assert [c["original"] for c in listed["counters"]] == ["user:ä:1"]
     assert listed["truncated"] is False and listed["skipped"] == 0
+
+
+async def test_memory_counters_stay_within_their_bytes_least_recently_used_evicted() -> None:
+    store = MemoryCounterStore(max_bytes=200_000)
+    registry = CollectorRegistry()
+    service = CountersService(store, CFG, registry)
+    hot = make_item(CFG, "hashed", "hot", 1, "day")
+    await service.add([hot])
+    for start in range(0, 3000, 30):
+        await service.add([make_item(CFG, "plain", f"user:{i}", 1, "day")
+                           for i in range(start, start + 30)])
+        await service.get([hot])  # used all along: never the least recently used
+        assert store.nbytes <= store.max_bytes
+    assert store.nbytes == sum(_cost(k, v) for k, v in store._data.items())
+    evicted = registry.get_sample_value("rls_counters_memory_evictions_total")
+    assert evicted == store.evictions == 3001 - len(store._data) > 0
+    assert (await service.get([hot]))[0].freq == 1
+    first = make_item(CFG, "plain", "user:0", 1, "day")
+    assert (await service.get([first]))[0].freq == 0  # evicted: starts again from 0
