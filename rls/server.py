@@ -42,7 +42,7 @@ from rls.stores import MemoryBackend, create_backend
 from rls.stores.base import Backend, BackendError
 from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.stores.redis import StoreRejected
-from rls.workers import WorkersCollector, shared_dir, watch_supervisor
+from rls.workers import WorkersCollector, mark_ready, shared_dir, watch_supervisor
 
 log = logging.getLogger("rls.server")
 
@@ -230,6 +230,7 @@ class Server:
             await server.stop(grace=None)
             return 1
         self._log_listening()
+        mark_ready()  # --workers: the supervisor counts this worker's stability from here
         self._start_background()
         await self.stop_requested.wait()
         await self._drain(server, runner, counters)

@@ -12,7 +12,9 @@ workers drained; a worker still running after the drain budget is killed (exit 1
 
 A worker that keeps dying is not restarted in a tight loop: its slot waits BACKOFF_FIRST (0.2 s)
 before the first restart, doubling after each further consecutive failure up to BACKOFF_CAP
-(30 s); a worker that stays up STABLE_SECONDS (10 s) clears its slot's failures. While a slot is
+(30 s); a worker that serves (listens on its ports) for STABLE_SECONDS (10 s) clears its slot's
+failures (time spent starting does not count: on a loaded host a start that fails can take
+longer than that). While a slot is
 down or has failed since it was last stable, every worker's /healthcheck answers 503 naming it
 (the supervisor writes the slots to `$RLS_SHARED_DIR/workers.json`; workers read it), and
 /metrics shows rls_worker_up, rls_worker_consecutive_failures and rls_worker_restarts_total by
@@ -57,9 +59,10 @@ PR_SET_PDEATHSIG = 1
 DEFAULT_DRAIN_BUDGET = 11.0
 BACKOFF_FIRST = 0.2  # seconds before the first restart of a slot
 BACKOFF_CAP = 30.0  # the longest wait between restarts
-STABLE_SECONDS = 10.0  # up this long: the slot's consecutive failures are cleared
+STABLE_SECONDS = 10.0  # serving this long: the slot's consecutive failures are cleared
 DEFAULT_MAX_FAILURES = 10  # consecutive failures of one slot before the supervisor gives up
 STATUS_FILE = "workers.json"
+READY_PREFIX = "ready-"  # `ready-<pid>` in the shared directory: that worker serves
 TICK = 0.2  # the supervisor's polling period
 
 
@@ -70,7 +73,8 @@ class Slot:
     index: int
     proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
-    failures: int = 0  # consecutive exits since it was last up STABLE_SECONDS
+    ready: float | None = None  # when the current process said it serves (mark_ready)
+    failures: int = 0  # consecutive exits since it last served STABLE_SECONDS
     restarts: int = 0
     last_exit: int | None = None
     restart_at: float = 0.0
@@ -133,6 +137,7 @@ def supervise(
             preexec_fn=lambda: _die_with_parent(me),  # the supervisor has no threads
         )
         slot.started = time.monotonic()
+        slot.ready = None
         log.info("worker %d started (pid %d)", slot.index, slot.proc.pid)
 
     def stop(signum: int, _frame: object) -> None:
@@ -156,7 +161,7 @@ def supervise(
             for slot in slots:
                 if stopping:  # a signal arrived: start nothing more
                     break
-                changed |= _tend(slot, start)
+                changed |= _tend(slot, start, shared)
                 if slot.failures >= max_failures:
                     log.error(
                         "worker %d failed %d times in a row (last exit %s); stopping all "
@@ -185,9 +190,10 @@ def _running(slots: Sequence[Slot]) -> Iterator[subprocess.Popen[bytes]]:
             yield slot.proc
 
 
-def _tend(slot: Slot, start: Any) -> bool:
+def _tend(slot: Slot, start: Any, shared: str) -> bool:
     """One supervisor tick for one slot: notice an exit (schedule the restart with back-off),
-    start it when its back-off is over, clear its failures once stable. True if it changed."""
+    start it when its back-off is over, clear its failures once it served STABLE_SECONDS.
+    True if the slot's reported state changed."""
     now = time.monotonic()
     proc = slot.proc
     if proc is None:
@@ -197,13 +203,17 @@ def _tend(slot: Slot, start: Any) -> bool:
         start(slot)
         return True
     code = proc.poll()
+    marker = Path(shared) / f"{READY_PREFIX}{proc.pid}"
+    if slot.ready is None and marker.exists():
+        slot.ready = now
     if code is None:
-        if slot.failures and now - slot.started >= STABLE_SECONDS:
-            log.info("worker %d up for %g s: failures cleared", slot.index, STABLE_SECONDS)
+        if slot.failures and slot.ready is not None and now - slot.ready >= STABLE_SECONDS:
+            log.info("worker %d served %g s: failures cleared", slot.index, STABLE_SECONDS)
             slot.failures = 0
             return True
         return False
-    if now - slot.started >= STABLE_SECONDS:
+    marker.unlink(missing_ok=True)
+    if slot.ready is not None and now - slot.ready >= STABLE_SECONDS:
         slot.failures = 0  # it had been stable: this exit starts a new count
     slot.failures += 1
     slot.last_exit = code
@@ -247,6 +257,13 @@ def _write_status(shared: str, slots: Sequence[Slot]) -> None:
     tmp.replace(path)
 
 
+def mark_ready() -> None:
+    """In a worker: tell the supervisor it now serves (no-op outside `--workers`)."""
+    shared = shared_dir()
+    if shared is not None:
+        (Path(shared) / f"{READY_PREFIX}{os.getpid()}").touch()
+
+
 def read_status() -> dict[str, Any] | None:
     """The supervisor's last slot report, None outside `--workers` (or not yet written)."""
     shared = shared_dir()
@@ -269,7 +286,7 @@ def worker_problem() -> str | None:
         + (
             f"down (exit {slot['last_exit']}, restart in {slot['restart_in']} s)"
             if slot["pid"] is None
-            else f"restarted (pid {slot['pid']}, not yet up {STABLE_SECONDS:g} s)"
+            else f"restarted (pid {slot['pid']}, not yet serving for {STABLE_SECONDS:g} s)"
         )
         + f", {slot['failures']} failures in a row"
         for slot in status.get("slots", [])
@@ -290,7 +307,7 @@ class WorkersCollector:
         )
         failing = GaugeMetricFamily(
             "rls_worker_consecutive_failures",
-            "Exits of the worker slot since it was last up 10 s (0: healthy)",
+            "Exits of the worker slot since it last served 10 s (0: healthy)",
             labels=["worker"],
         )
         restarts = CounterMetricFamily(
