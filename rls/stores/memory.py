@@ -5,14 +5,17 @@ entries are dropped lazily on access and by a periodic sweep, so memory follows 
 
 Bounded in bytes (`--memory-max-bytes`): each counter is estimated at ENTRY_BYTES plus its
 key's length (measured: ~300 B + key per counter in CPython 3.11, whatever the algorithm). The
-dict's insertion order is the recency order: every decision moves its counters to the end
-(charged or denied: a counter that keeps refusing a caller is in use). When a charge takes the
-estimate over the bound, expired counters are dropped first, then the least recently used,
-down to LOW_WATER of the bound, so the O(n) pass runs once per ~10 % of the bound, not per
-request. An evicted counter is forgotten: its next request starts a fresh window, which may
-admit up to one more limit in that window; the least recently used counter is the one least
-likely to be asked for again before its window ends. Evictions are counted (`on_evict`: the
-`rls_memory_evictions_total` metric).
+dict's insertion order is the recency order: a charge pops and re-inserts its counter (the pop
+also says whether the counter is new, for the byte count), and once the store holds TRACK_FROM
+(half) of its bound a denied or uncharged check moves its counter to the end too (a counter
+that keeps refusing a caller is in use); below that no eviction is near, and the order is
+approximate only among counters unused since, all older than the rest. When a charge takes
+the estimate over the bound, expired counters are dropped first, then the least recently
+used, down to LOW_WATER of the bound, so the O(n) pass runs once per ~10 % of the bound, not
+per request. An evicted counter is forgotten: its next request starts a fresh window, which
+may admit up to one more limit in that window; the least recently used counter is the one
+least likely to be asked for again before its window ends. Evictions are counted
+(`on_evict`: the `rls_memory_evictions_total` metric).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from rls.core.usage import UsageOp
 ENTRY_BYTES = 300
 DEFAULT_MAX_BYTES = 64 << 20  # ~200,000 counters of 30-character keys (Helm: 256 Mi pods)
 LOW_WATER = 0.9  # eviction frees down to this share of the bound
+TRACK_FROM = 0.5  # recency is kept once the store holds this share of the bound
 
 
 def least_recent(data: dict[str, Any], excess: float, cost: Callable[[str, Any], int]) -> list[str]:
@@ -61,6 +65,7 @@ class MemoryBackend:
         self._clock = clock
         self._data: dict[str, tuple[Any, int]] = {}  # in recency order: last charged last
         self.max_bytes = max_bytes
+        self._track_from = max_bytes * TRACK_FROM
         self.nbytes = 0  # estimated bytes of _data
         self.evictions = 0
         self._on_evict = on_evict
@@ -180,9 +185,9 @@ class MemoryBackend:
                     added += ENTRY_BYTES + len(key)
                 outcomes.append(Outcome(ok, True, rem_charged, reset, used))
             else:
-                # A use too (a denied caller keeps hammering it): now the most recent.
-                entry = data.pop(check.key, None)
-                if entry is not None:
+                # A use too (a denied caller keeps asking): the most recent, near the bound.
+                track = self.nbytes > self._track_from
+                if track and (entry := data.pop(check.key, None)) is not None:
                     data[check.key] = entry
                 outcomes.append(Outcome(ok, False, rem_uncharged if ok else 0, reset, used))
         if added:
