@@ -17,7 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 from conftest import ROOT, free_port, http_get, wait_until
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rls.workers import BACKOFF_CAP, BACKOFF_FIRST, backoff
 
@@ -214,6 +216,16 @@ def test_a_worker_that_keeps_failing_is_restarted_with_back_off_then_the_supervi
     assert starts[-1] - starts[0] >= BACKOFF_FIRST * (1 + 2 + 4 + 8) - 0.1
 
 
+def _grpc_health(addr: str) -> int:
+    with grpc.insecure_channel(addr) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return int(stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status)
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
 def _workers_status(http_url: str) -> tuple[int, str]:
     status, body = http_get(http_url + "/healthcheck")
     return status, body.decode(errors="replace")
@@ -222,8 +234,9 @@ def _workers_status(http_url: str) -> tuple[int, str]:
 def test_a_crash_looping_worker_turns_health_503_and_shows_in_metrics(tmp_path: Path,
                                                                      redis_url: str) -> None:
     """One worker of two keeps failing (its config went bad after start): the other answers
-    /healthcheck 503 naming it and /metrics counts its restarts; once the config is good again
-    the slot comes back, serves 10 s, and health is 200 again."""
+    /healthcheck 503 naming it, gRPC health NOT_SERVING, and /metrics counts its restarts;
+    once the config is good again the slot comes back, serves 10 s, and health is 200 (and
+    SERVING) again."""
     config = tmp_path / "a.yaml"
     config.write_text(good("alpha"))
     grpc_port, http_port = free_port(), free_port()
@@ -251,6 +264,9 @@ def test_a_crash_looping_worker_turns_health_503_and_shows_in_metrics(tmp_path: 
                    "a slot failing twice in a row", output)
         status, body = _workers_status(url)
         assert status == 503 and "1 of 2 workers failing" in body, body
+        grpc_addr = f"127.0.0.1:{grpc_port}"
+        wait_until(lambda: _grpc_health(grpc_addr) == NOT_SERVING, 10, "gRPC NOT_SERVING",
+                   output)
         restarts = (metric(url, "rls_worker_restarts_total", worker="0")
                     + metric(url, "rls_worker_restarts_total", worker="1"))
         assert restarts >= 1
@@ -259,6 +275,7 @@ def test_a_crash_looping_worker_turns_health_503_and_shows_in_metrics(tmp_path: 
         config.write_text(good("alpha"))
         wait_until(lambda: _workers_status(url)[0] == 200, 90,
                    "health back to 200 once the slot stayed up", output)
+        wait_until(lambda: _grpc_health(grpc_addr) == SERVING, 10, "gRPC SERVING", output)
         assert len(children(proc.pid)) == 2
         assert proc.poll() is None
     finally:
