@@ -41,11 +41,15 @@ FLAGS = {
     "cache_config": "response cache rules: serves Envoy ext_proc on the gRPC port",
     "cache_store": "cache store URL (redis://, rediss://, ssdb://host:port); default: rules file",
     "workers": "worker processes sharing the gRPC port",
+    "worker_max_failures": "--workers > 1: consecutive failures of one worker (restarted with "
+    "back-off) before the supervisor exits 1",
     "failure_mode": "answer when the backend fails: allow (OK) or deny (OVER_LIMIT)",
     "backend_timeout_ms": "store-time budget of one decision when the caller sends no deadline",
     "deadline_margin_ms": "kept from the caller's gRPC deadline to send the answer",
     "overload_cap_ms": "a decision still waiting after this long: UNAVAILABLE (rls overloaded)",
     "max_inflight": "concurrent decisions per process; beyond: RESOURCE_EXHAUSTED",
+    "memory_max_bytes": "memory store: estimated bytes of counters kept; beyond, the least "
+    "recently used are evicted",
     "fallback_share": "share of each limit granted locally while the backend is away (0 = off)",
     "breaker_threshold": "consecutive store connection errors that open the circuit breaker",
     "probe_interval_ms": "open circuit: PING the store this often; the first success closes it",
@@ -481,7 +485,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rls.workers import supervise
 
         budget = settings.shutdown_delay_ms / 1000 + settings.drain_seconds + 5.0
-        return supervise(_without_workers(argv), settings.workers, budget)
+        return supervise(
+            _without_workers(argv), settings.workers, budget,
+            max_failures=settings.worker_max_failures,
+        )
     from rls.server import serve
 
     try:

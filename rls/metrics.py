@@ -76,6 +76,9 @@ class Metrics:
         self._dynamic: dict[str, Pending] = {}
         self._requests: dict[tuple[str, str], Pending] = {}
         self.near_ratio = near_ratio
+        # Collectors read at scrape time under --workers, besides the workers' files (the
+        # supervisor's worker slots: rls.workers.WorkersCollector, registered by the server).
+        self.process_collectors: list[Any] = []
         # One builder per area. /metrics shows the families in the order they register here:
         # add new ones at the end of their area, do not reorder (docs/metrics.md lists each).
         self._request_families(r)
@@ -173,6 +176,18 @@ class Metrics:
             "could not decide in time) and what answered (allow, deny, fallback, unavailable)",
             ["domain", "reason", "answer"],
             registry=r,
+        )
+        self.memory_evictions = Counter(
+            "rls_memory_evictions",
+            "Live counters the memory store forgot at its byte bound (least recently used "
+            "first; expired ones are not counted)",
+            registry=r,
+        )
+        self.memory_bytes = Gauge(
+            "rls_memory_store_bytes",
+            "Estimated bytes of the memory store's counters (bound: --memory-max-bytes)",
+            registry=r,
+            multiprocess_mode="livesum",
         )
 
     def _process_families(self, r: CollectorRegistry) -> None:
@@ -288,6 +303,8 @@ class Metrics:
 
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            for collector in self.process_collectors:
+                registry.register(collector)
             return generate_latest(registry)
         return generate_latest(self.registry)
 

@@ -37,12 +37,18 @@ from rls.services.health import create_health, set_serving
 from rls.services.quota import QuotaService
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
-from rls.stores import create_backend
+from rls.stores import MemoryBackend, create_backend
 from rls.stores.base import Backend, BackendError
 from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.stores.deadline import LoopLag
 from rls.stores.redis import StoreRejected
-from rls.workers import shared_dir, watch_supervisor
+from rls.workers import (
+    WorkersCollector,
+    mark_ready,
+    shared_dir,
+    watch_supervisor,
+    worker_problem,
+)
 
 log = logging.getLogger("rls.server")
 
@@ -103,7 +109,13 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
             probe_timeout_ms=settings.probe_timeout_ms,
         )
     elif backend is None:
-        backend = create_backend(None)
+        memory = MemoryBackend(
+            max_bytes=settings.memory_max_bytes, on_evict=metrics.memory_evictions.inc
+        )
+        metrics.memory_bytes.set_function(lambda: memory.nbytes)
+        backend = memory
+    if shared_dir() is not None:  # a --workers worker: the supervisor's slots on /metrics
+        metrics.process_collectors.append(WorkersCollector())
     lag = LoopLag(observe=metrics.loop_lag.observe)
     limiter = RateLimiter(holder.current, backend, settings, metrics, lag)
     holder.on_change = lambda _config: limiter.clear_local_cache()
@@ -224,6 +236,7 @@ class Server:
             await server.stop(grace=None)
             return 1
         self._log_listening()
+        mark_ready()  # --workers: the supervisor counts this worker's stability from here
         self._start_background()
         await self.stop_requested.wait()
         await self._drain(server, runner, counters)
@@ -244,7 +257,7 @@ class Server:
                 clear_caches(config)
             app.metrics.gc_frozen.set(freeze_startup_objects())
             if not self.draining.is_set() and self.store_ready.is_set():
-                task = loop.create_task(set_serving(self.health, has_config(config)))
+                task = loop.create_task(set_serving(self.health, self._serving(config)))
                 self._health_tasks.add(task)
                 task.add_done_callback(self._health_tasks.discard)
 
@@ -370,8 +383,26 @@ class Server:
             loop.create_task(_flush_metrics(app.metrics, app.limiter.top)),
             loop.create_task(self._become_ready()),
         ]
+        if shared_dir() is not None:
+            self.tasks.append(loop.create_task(self._follow_workers()))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
+
+    def _serving(self, config: RateLimitConfig | None) -> bool:
+        """gRPC health's answer, as /healthcheck's: a domain loaded and, under --workers, no
+        sibling worker slot failing (draining and the store are the callers' conditions)."""
+        return has_config(config) and worker_problem() is None
+
+    async def _follow_workers(self) -> None:
+        """--workers: gRPC health follows the supervisor's slots (checked every second)."""
+        failing = False
+        while True:
+            await asyncio.sleep(1.0)
+            if (worker_problem() is not None) == failing:
+                continue
+            failing = not failing
+            if not self.draining.is_set() and self.store_ready.is_set():
+                await set_serving(self.health, self._serving(self.app.holder.current()))
 
     async def _become_ready(self) -> None:
         """Health says SERVING only once the store accepted us (and never while draining)."""
@@ -379,7 +410,7 @@ class Server:
         self.app.metrics.gc_frozen.set(freeze_startup_objects())
         if not self.state.draining:
             self.state.store_ready = True
-            await set_serving(self.health, has_config(self.app.holder.current()))
+            await set_serving(self.health, self._serving(self.app.holder.current()))
             if self.ready is not None:
                 self.ready.set()
 

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from rls.event_loop import uvloop_installed
+from rls.stores.memory import DEFAULT_MAX_BYTES
 from rls.stores.urls import bare_url_problem, normalize_redis_url, redact, url_problem
 
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
@@ -36,6 +37,8 @@ class Settings:
     cache_config: str = ""
     cache_store: str = ""  # redis://, ssdb://…; default: the rules file's `store:`
     workers: int = 1
+    # --workers > 1: consecutive failures of one worker slot before the supervisor exits 1
+    worker_max_failures: int = 10
     failure_mode: str = "allow"  # allow | deny when the backend cannot answer in time
     # Store-time budget of one decision when the caller sends no deadline (Envoy sends its
     # filter timeout as the gRPC deadline, and that is used instead, less deadline_margin_ms).
@@ -45,6 +48,9 @@ class Settings:
     # A call still undecided after this long (wall clock) means rls is overloaded: UNAVAILABLE.
     overload_cap_ms: int = 1000
     max_inflight: int = 4096  # concurrent decisions per process; beyond: RESOURCE_EXHAUSTED
+    # Memory store (no --redis-url): estimated bytes of its counters before the least recently
+    # used are evicted. 64 MiB (~200,000 counters) fits the Helm chart's 256 Mi pod limit.
+    memory_max_bytes: int = DEFAULT_MAX_BYTES
     # Share of each limit a process may grant on its own while the backend is away (0 = off,
     # the failure mode answers instead). With N replicas, 1/N keeps the total near the limit.
     fallback_share: float = 0.0
@@ -172,12 +178,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 MINIMUM: dict[str, float] = {
     "workers": 1,
+    "worker_max_failures": 1,
     "backend_timeout_ms": 1,
     "breaker_threshold": 1,
     "probe_interval_ms": 1,
     "probe_timeout_ms": 1,
     "overload_cap_ms": 1,
     "max_inflight": 1,
+    "memory_max_bytes": 1 << 20,
     "deadline_margin_ms": 0,
     "reload_interval": 0,
     "shutdown_delay_ms": 0,

@@ -22,6 +22,7 @@ from rls.core.limits import WINDOW_ALIGNED, WINDOW_ROLLING
 from rls.engine.limiter import InvalidRequest
 from rls.metrics import Metrics
 from rls.services.ratelimit import RateLimitService
+from rls.workers import worker_problem
 
 
 class AdminState:
@@ -70,6 +71,9 @@ async def healthcheck(request: web.Request) -> web.Response:
         return web.Response(status=500, text="")
     if not state.store_ready:
         return web.Response(status=500, text="store not ready\n")
+    problem = worker_problem()  # --workers: a sibling worker down or crash-looping
+    if problem is not None:
+        return web.Response(status=503, text=problem + "\n")
     return web.Response(text="OK")
 
 

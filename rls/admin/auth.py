@@ -93,11 +93,18 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 class BadBody(Exception):
-    """A request body that is not acceptable JSON; `response` says why."""
+    """A request body that is not acceptable JSON: `status` and `message` say why, `response`
+    is the admin API's JSON error for it (routes with their own error shape use the first two).
+    """
 
-    def __init__(self, response: web.Response) -> None:
-        super().__init__(response.text)
-        self.response = response
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    @property
+    def response(self) -> web.Response:
+        return json_error(self.status, self.message)
 
 
 async def read_json(request: web.Request) -> Any:
@@ -105,19 +112,19 @@ async def read_json(request: web.Request) -> Any:
     try:
         raw = await asyncio.wait_for(request.read(), BODY_SECONDS)
     except TimeoutError:
-        raise BadBody(json_error(408, f"body not received within {BODY_SECONDS:g} s")) from None
+        raise BadBody(408, f"body not received within {BODY_SECONDS:g} s") from None
     except web.HTTPRequestEntityTooLarge:
-        raise BadBody(json_error(413, f"body larger than {MAX_BODY_BYTES} bytes")) from None
+        raise BadBody(413, f"body larger than {MAX_BODY_BYTES} bytes") from None
     if not raw.strip():
-        raise BadBody(json_error(400, "body must be JSON (it is empty)"))
+        raise BadBody(400, "body must be JSON (it is empty)")
     try:
         body = json.loads(raw)
     except RecursionError:
-        raise BadBody(json_error(400, f"JSON nested deeper than {MAX_JSON_DEPTH}")) from None
+        raise BadBody(400, f"JSON nested deeper than {MAX_JSON_DEPTH}") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise BadBody(json_error(400, f"body must be JSON: {exc}")) from None
+        raise BadBody(400, f"body must be JSON: {exc}") from None
     if _depth(body) > MAX_JSON_DEPTH:
-        raise BadBody(json_error(400, f"JSON nested deeper than {MAX_JSON_DEPTH}"))
+        raise BadBody(400, f"JSON nested deeper than {MAX_JSON_DEPTH}")
     return body
 
 

@@ -10,6 +10,7 @@ agree at midnight.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import MINYEAR, date
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -27,6 +28,7 @@ MAX_DOMAIN_BYTES = 128
 MAX_KEY_BYTES = 1024
 MAX_SPAN = 1_000_000
 MAX_HITS = 1_000_000_000
+MAX_LISTING = 1000  # counters one /v1/counters/list answer shows
 
 UNITS: dict[str, Unit] = {
     "second": Unit.SECOND,
@@ -45,6 +47,20 @@ _UNIT_LETTER = {
 _FIXED_MS = {
     Unit.SECOND: 1000, Unit.MINUTE: 60_000, Unit.HOUR: 3_600_000, Unit.DAY: 86_400_000,
     Unit.WEEK: 604_800_000,
+}
+# The longest span per unit. Calendar windows of N days/weeks/months are blocks counted from
+# 1970-01-01 (weeks: Monday 1969-12-29), and a call computes the window before the current one
+# too: for N beyond the days since 1970 that is the block starting N units before 1970, which
+# must still be a date Python can represent (year >= MINYEAR). Rolling windows of the same
+# unit share the bound (one rule per unit). Seconds to hours are plain epoch arithmetic.
+_FIRST_DAY = date(MINYEAR, 1, 1)
+MAX_SPANS: dict[Unit, int] = {
+    Unit.SECOND: MAX_SPAN,
+    Unit.MINUTE: MAX_SPAN,
+    Unit.HOUR: MAX_SPAN,
+    Unit.DAY: (date(1970, 1, 1) - _FIRST_DAY).days,  # 719,162
+    Unit.WEEK: (date(1969, 12, 29) - _FIRST_DAY).days // 7,  # 102,737
+    Unit.MONTH: (1970 - MINYEAR) * 12,  # 23,628
 }
 WINDOWS = ("calendar", WINDOW_ROLLING)
 KEY_HASHES = ("", *_DIGESTS)
@@ -191,6 +207,29 @@ class Item:
         return window_bounds(now_ms, self.unit, self.span, self.timezone)
 
 
+def original_key(store_key: bytes, prefix: str) -> str | None:
+    """The counted key inside a store key written without `key_hash` (see Item.base_key: the
+    key is part of it, after its byte length); None for a hashed key (its original is stored
+    with the counter) or for a key of another shape."""
+    head = f"{prefix}c{{".encode()
+    if not store_key.startswith(head):
+        return None
+    pos = len(head)
+    try:
+        colon = store_key.index(b":", pos)
+        pos = colon + 1 + int(store_key[pos:colon])  # past the domain
+        if store_key[pos : pos + 2] != b":-":
+            return None  # hashed: `:md5…` / `:xxh3…`
+        pos += 2
+        colon = store_key.index(b":", pos)
+        end = colon + 1 + int(store_key[pos:colon])
+    except ValueError:
+        return None
+    if store_key[end : end + 1] != b":":
+        return None
+    return store_key[colon + 1 : end].decode("utf-8", "backslashreplace")
+
+
 _BOUNDS: dict[tuple[Unit, int, str], list[int]] = {}
 
 
@@ -213,7 +252,11 @@ def window_bounds(now_ms: int, unit: Unit, span: int, timezone: str) -> list[int
 def _text(value: Any, name: str, max_bytes: int) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidItem(f"{name} must be a non-empty string")
-    if len(value.encode("utf-8", "surrogatepass")) > max_bytes:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800"): no store can keep it
+        raise InvalidItem(f"{name} must be valid Unicode (it holds a lone surrogate)") from None
+    if size > max_bytes:
         raise InvalidItem(f"{name} longer than {max_bytes} bytes")
     return value
 
@@ -239,10 +282,10 @@ def make_item(
     """Validate one operation; raises InvalidItem naming the first bad field."""
     domain = _text(domain, "domain", MAX_DOMAIN_BYTES)
     key = _text(key, "key", MAX_KEY_BYTES)
-    span = _int(time_span, "time_span", 1, MAX_SPAN)
     if not isinstance(time_unit, str) or time_unit.lower() not in UNITS:
         raise InvalidItem(f"time_unit must be one of {', '.join(UNITS)}")
     unit = UNITS[time_unit.lower()]
+    span = _int(time_span, f"time_span of a {unit.name.lower()} window", 1, MAX_SPANS[unit])
     hits = _int(hits, "hits", 0, MAX_HITS) or 1
     if window not in WINDOWS:
         raise InvalidItem(f"window must be one of {', '.join(WINDOWS)}")
@@ -253,7 +296,7 @@ def make_item(
     tz = options.timezone
     if timezone:
         if not isinstance(timezone, str) or not _zone_ok(timezone):
-            raise InvalidItem(f"unknown time zone {timezone!r}")
+            raise InvalidItem(f"unknown time zone {str(timezone)[:64]!r}")
         tz = timezone
     return Item(domain, key, span, unit, hits, tz, rolling, options.key_hash)
 

@@ -49,6 +49,11 @@ class CountersMetrics:
         )
         for op, code in FAILURE_ITEMS:  # at 0 from the start: rate() counts the first burst
             self.items.labels(op, code)
+        self.memory_evictions = Counter(
+            "rls_counters_memory_evictions",
+            "Live counters the memory store forgot at its byte bound (least recently used)",
+            registry=r,
+        )
 
 
 class CountersService:
@@ -69,6 +74,8 @@ class CountersService:
         self.hot = HotKeys(cfg.hot_top_n, cfg.hot_threshold, cfg.hot_ttl_ms)
         self._subscriber = subscriber  # a redis-py client for pub/sub, None: no invalidation
         self._tasks: list[asyncio.Task[None]] = []
+        if isinstance(store, MemoryCounterStore):
+            store.on_evict = self.metrics.memory_evictions.inc
 
     @classmethod
     def for_backend(
@@ -80,8 +87,12 @@ class CountersService:
     ) -> CountersService:
         """The counters service on the RateLimit backend's store (Redis client, breaker)."""
         client = getattr(backend, "client", None)
-        if client is None:
-            return cls(MemoryCounterStore(prefix), config, registry, prefix)
+        if client is None:  # a quarter of the memory store's budget (--memory-max-bytes)
+            budget = getattr(backend, "max_bytes", None)
+            memory = MemoryCounterStore(prefix) if budget is None else MemoryCounterStore(
+                prefix, max_bytes=budget // 4
+            )
+            return cls(memory, config, registry, prefix)
         channel = f"{prefix}counters:changed:" if config.hot_top_n > 0 else ""
         store = RedisCounterStore(
             client,
@@ -203,8 +214,9 @@ class CountersService:
         self.metrics.items.labels("get", "unavailable").inc()
         return Result("unavailable", f"store unavailable and no known value: {why}")
 
-    async def listing(self, domain: str) -> list[dict[str, Any]]:
-        """Live counters of a domain, with the original key of hashed ones."""
+    async def listing(self, domain: str) -> dict[str, Any]:
+        """Live counters of a domain with their original keys, at most MAX_LISTING:
+        {"counters": [...], "truncated": more exist, "skipped": keys that are not counters}."""
         prefix = f"{len(domain.encode())}:{domain}:"
         store = self.store
         if isinstance(store, RedisCounterStore):
@@ -215,4 +227,4 @@ class CountersService:
                 raise CounterStoreError(f"redis: {exc}") from exc
         if isinstance(store, MemoryCounterStore):
             return store.listing(prefix)
-        return []
+        return {"counters": [], "truncated": False, "skipped": 0}

@@ -8,19 +8,22 @@ call (e.g. WRONGTYPE, OOM on that write) is that item's Result with code "unavai
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rls.counters.model import Item, Result
+from rls.counters.model import MAX_LISTING, Item, Result, original_key
+from rls.stores.memory import DEFAULT_MAX_BYTES, ENTRY_BYTES, LOW_WATER, least_recent
 from rls.stores.pipelining import ScriptBatcher
 
 SCRIPT_FILE = "counters_window.lua"
+log = logging.getLogger("rls.counters")
 
 
 class CounterStoreError(Exception):
@@ -43,15 +46,30 @@ def script_text() -> str:
 
 class MemoryCounterStore:
     """Counters in this process, on its own clock. Expired windows are dropped on access and
-    by `sweep` (called from the service every few seconds)."""
+    by `sweep` (called from the service every few seconds).
+
+    Bounded in bytes like the rate-limit memory store (rls.stores.memory, same estimate and
+    order): `max_bytes` is a quarter of `--memory-max-bytes` by default; past it, expired
+    counters go first, then the least recently used (Add or Get), down to LOW_WATER of it.
+    An evicted counter starts again from 0 (`on_evict` counts them)."""
 
     name = "memory"
 
-    def __init__(self, prefix: str = "rl:", clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        prefix: str = "rl:",
+        clock: Callable[[], float] = time.time,
+        max_bytes: int = DEFAULT_MAX_BYTES // 4,
+        on_evict: Callable[[int], None] | None = None,
+    ) -> None:
         self.prefix = prefix
         self._clock = clock
-        # key -> [count, expires_ms, original key]
+        # key -> [count, expires_ms, original key], in recency order (last used last)
         self._data: dict[str, list[Any]] = {}
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.evictions = 0
+        self.on_evict = on_evict
 
     def __len__(self) -> int:
         return len(self._data)
@@ -60,7 +78,23 @@ class MemoryCounterStore:
         self, mode: str, items: Sequence[Item], now_ms: int | None = None
     ) -> list[Result]:
         now = int(self._clock() * 1000) if now_ms is None else now_ms
-        return [self._one(mode, item, now) for item in items]
+        results = [self._one(mode, item, now) for item in items]
+        if self.nbytes > self.max_bytes:
+            self._evict(now)
+        return results
+
+    def _evict(self, now: int) -> None:
+        self.sweep(now)
+        target = self.max_bytes * LOW_WATER
+        if self.nbytes <= target:
+            return
+        data = self._data
+        victims = least_recent(data, self.nbytes - target, _cost)
+        for key in victims:
+            self.nbytes -= _cost(key, data.pop(key))
+        self.evictions += len(victims)
+        if self.on_evict is not None:
+            self.on_evict(len(victims))
 
     def _one(self, mode: str, item: Item, now: int) -> Result:
         base = item.base_key(self.prefix)
@@ -69,33 +103,47 @@ class MemoryCounterStore:
         else:
             _, start, end, _ = item.bounds(now)
             key = f"{base}:{start}"
-        entry = self._data.get(key)
+        data = self._data
+        entry = data.pop(key, None)  # re-inserted below: now the most recent
         if entry is not None and entry[1] <= now:
-            del self._data[key]
+            self.nbytes -= _cost(key, entry)
             entry = None
         if mode == "a":
             if entry is None:
                 entry = [0, end, item.key if item.key_hash else ""]
-                self._data[key] = entry
+                self.nbytes += _cost(key, entry)
             entry[0] += item.hits
+        if entry is not None:
+            data[key] = entry
         if entry is None:
             return Result(freq=0, ttl_ms=0 if item.rolling else end - now)
         return Result(freq=entry[0], ttl_ms=entry[1] - now)
 
-    def listing(self, domain_prefix: str = "") -> list[dict[str, Any]]:
+    def listing(self, domain_prefix: str = "", limit: int = MAX_LISTING) -> dict[str, Any]:
+        """Live counters under a domain, at most `limit` (`truncated` says more exist)."""
         now = int(self._clock() * 1000)
-        return [
-            {"key": key, "original": orig or None, "freq": count, "ttl_ms": exp - now}
-            for key, (count, exp, orig) in self._data.items()
-            if exp > now and key.startswith(self.prefix + "c{" + domain_prefix)
-        ]
+        head = self.prefix + "c{" + domain_prefix
+        out: list[dict[str, Any]] = []
+        for key, (count, exp, orig) in self._data.items():
+            if exp <= now or not key.startswith(head):
+                continue
+            if len(out) >= limit:
+                return {"counters": out, "truncated": True, "skipped": 0}
+            original = orig or original_key(key.encode("utf-8", "surrogatepass"), self.prefix)
+            out.append({"key": key, "original": original, "freq": count, "ttl_ms": exp - now})
+        return {"counters": out, "truncated": False, "skipped": 0}
 
-    def sweep(self) -> int:
-        now = int(self._clock() * 1000)
+    def sweep(self, now_ms: int | None = None) -> int:
+        now = int(self._clock() * 1000) if now_ms is None else now_ms
         dead = [k for k, v in self._data.items() if v[1] <= now]
         for k in dead:
-            del self._data[k]
+            self.nbytes -= _cost(k, self._data.pop(k))
         return len(dead)
+
+
+def _cost(key: str, entry: list[Any]) -> int:
+    """Estimated bytes of one memory counter: as in the rate-limit store, plus the kept key."""
+    return ENTRY_BYTES + len(key) + len(entry[2])
 
 
 class RedisCounterStore:
@@ -267,23 +315,42 @@ class RedisCounterStore:
                 out.append(Result(freq=int(reply[o + 1]), ttl_ms=int(reply[o + 2])))
         return now, out
 
-    async def listing(self, domain_prefix: str = "", limit: int = 1000) -> list[dict[str, Any]]:
-        """Live counters under a domain (SCAN; Cluster: the first node only), with the
-        original key of hashed counters."""
+    async def listing(self, domain_prefix: str = "", limit: int = MAX_LISTING) -> dict[str, Any]:
+        """Live counters under a domain (SCAN; Cluster: the first node only), at most `limit`,
+        with their original keys. A key of the domain that is not a counter hash (WRONGTYPE,
+        written by something else) is skipped and counted in `skipped`, never failing the
+        listing; a connection failure raises (the caller answers 503)."""
         pattern = f"{self.prefix}c{{{domain_prefix}*"
         out: list[dict[str, Any]] = []
-        async for raw in self.client.scan_iter(match=pattern, count=500):
-            key = raw.decode() if isinstance(raw, bytes) else raw
-            count, orig = await self.client.hmget(key, "c", "k")
-            ttl = await self.client.pttl(key)
+        skipped: list[tuple[bytes, str]] = []
+        truncated = False
+        client = self.client
+        async for raw in client.scan_iter(match=pattern, count=500):
+            key = raw if isinstance(raw, bytes) else raw.encode()
+            if len(out) >= limit:
+                truncated = True
+                break
+            try:
+                count, orig = await client.hmget(key, "c", "k")
+                ttl = await client.pttl(key)
+                freq = int(count or 0)
+            except (ResponseError, ValueError) as exc:
+                skipped.append((key, str(exc)))
+                continue
+            if ttl == -2:  # expired between SCAN and HMGET
+                continue
+            original = orig.decode("utf-8", "backslashreplace") if orig else None
             out.append(
                 {
-                    "key": key,
-                    "original": orig.decode() if orig else None,
-                    "freq": int(count or 0),
+                    "key": key.decode("utf-8", "backslashreplace"),
+                    "original": original or original_key(key, self.prefix),
+                    "freq": freq,
                     "ttl_ms": int(ttl),
                 }
             )
-            if len(out) >= limit:
-                break
-        return out
+        if skipped:
+            log.warning(
+                "counters listing of %s: skipped %d keys that are not counters, e.g. %r: %s",
+                pattern, len(skipped), *skipped[0],
+            )
+        return {"counters": out, "truncated": truncated, "skipped": len(skipped)}

@@ -2,6 +2,20 @@
 
 One process, one event loop: a request is decided without awaiting, so it is atomic. Expired
 entries are dropped lazily on access and by a periodic sweep, so memory follows live keys.
+
+Bounded in bytes (`--memory-max-bytes`): each counter is estimated at ENTRY_BYTES plus its
+key's length (measured: ~300 B + key per counter in CPython 3.11, whatever the algorithm). The
+dict's insertion order is the recency order: a charge pops and re-inserts its counter (the pop
+also says whether the counter is new, for the byte count), and once the store holds TRACK_FROM
+(half) of its bound a denied or uncharged check moves its counter to the end too (a counter
+that keeps refusing a caller is in use); below that no eviction is near, and the order is
+approximate only among counters unused since, all older than the rest. When a charge takes
+the estimate over the bound, expired counters are dropped first, then the least recently
+used, down to LOW_WATER of the bound, so the O(n) pass runs once per ~10 % of the bound, not
+per request. An evicted counter is forgotten: its next request starts a fresh window, which
+may admit up to one more limit in that window; the least recently used counter is the one
+least likely to be asked for again before its window ends. Evictions are counted
+(`on_evict`: the `rls_memory_evictions_total` metric).
 """
 
 from __future__ import annotations
@@ -18,13 +32,43 @@ from rls.core.algorithms import ALGORITHMS
 from rls.core.model import NEGATIVE, Check, Outcome, Verdict
 from rls.core.usage import UsageOp
 
+# Estimated bytes of one counter besides its key's characters: dict slot, key object, state
+# tuple, expiry int (measured with 1M keys of fixed_window, sliding_window, token_bucket).
+ENTRY_BYTES = 300
+DEFAULT_MAX_BYTES = 64 << 20  # ~200,000 counters of 30-character keys (Helm: 256 Mi pods)
+LOW_WATER = 0.9  # eviction frees down to this share of the bound
+TRACK_FROM = 0.5  # recency is kept once the store holds this share of the bound
+
+
+def least_recent(data: dict[str, Any], excess: float, cost: Callable[[str, Any], int]) -> list[str]:
+    """Keys from the least recently used end of `data` (a dict kept in recency order) whose
+    costs add up to at least `excess`."""
+    victims = []
+    for key, value in data.items():
+        if excess <= 0:
+            break
+        victims.append(key)
+        excess -= cost(key, value)
+    return victims
+
 
 class MemoryBackend:
     name = "memory"
 
-    def __init__(self, clock: Callable[[], float] = time.time, sweep_interval: float = 5.0):
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        sweep_interval: float = 5.0,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        on_evict: Callable[[int], None] | None = None,
+    ):
         self._clock = clock
-        self._data: dict[str, tuple[Any, int]] = {}
+        self._data: dict[str, tuple[Any, int]] = {}  # in recency order: last charged last
+        self.max_bytes = max_bytes
+        self._track_from = max_bytes * TRACK_FROM
+        self.nbytes = 0  # estimated bytes of _data
+        self.evictions = 0
+        self._on_evict = on_evict
         self._sweep_interval = sweep_interval
         self._sweeper: asyncio.Task[None] | None = None
         self._usage: dict[str, tuple[Any, int]] = {}  # daily counters and exact sets
@@ -120,6 +164,7 @@ class MemoryBackend:
         if not charge:
             selected = [False] * len(rows)
         outcomes = []
+        added = 0
         for (check, state, algo, ev), do_charge in zip(rows, selected, strict=True):
             ok, rem_charged, rem_uncharged, reset, used = ev
             if do_charge:
@@ -129,14 +174,44 @@ class MemoryBackend:
                     ok = True
                 else:
                     new_state, expires = algo.charge(state, now_ms, check)
-                if new_state is None:  # nothing to keep (a rolling key left without window)
-                    data.pop(check.key, None)
-                else:
-                    data[check.key] = (new_state, expires)
+                key = check.key  # popped, re-inserted: now the most recent (None: drop it)
+                if data.pop(key, None) is not None:
+                    if new_state is not None:
+                        data[key] = (new_state, expires)
+                    else:
+                        added -= ENTRY_BYTES + len(key)
+                elif new_state is not None:
+                    data[key] = (new_state, expires)
+                    added += ENTRY_BYTES + len(key)
                 outcomes.append(Outcome(ok, True, rem_charged, reset, used))
             else:
+                # A use too (a denied caller keeps asking): the most recent, near the bound.
+                track = self.nbytes > self._track_from
+                if track and (entry := data.pop(check.key, None)) is not None:
+                    data[check.key] = entry
                 outcomes.append(Outcome(ok, False, rem_uncharged if ok else 0, reset, used))
+        if added:
+            self.nbytes += added
+            if self.nbytes > self.max_bytes:
+                self.evict(now_ms)
         return Verdict(admitted, outcomes)
+
+    def evict(self, now_ms: int) -> int:
+        """Back under the bound: expired counters first, then the least recently used,
+        down to LOW_WATER of the bound; returns how many live counters were evicted."""
+        target = self.max_bytes * LOW_WATER
+        self.sweep(now_ms)
+        if self.nbytes <= target:
+            return 0
+        data = self._data
+        victims = least_recent(data, self.nbytes - target, lambda key, _: ENTRY_BYTES + len(key))
+        for key in victims:
+            del data[key]
+            self.nbytes -= ENTRY_BYTES + len(key)
+        self.evictions += len(victims)
+        if self._on_evict is not None:
+            self._on_evict(len(victims))
+        return len(victims)
 
     def sweep(self, now_ms: int | None = None) -> int:
         if now_ms is None:
@@ -144,6 +219,7 @@ class MemoryBackend:
         dead = [k for k, (_, exp) in self._data.items() if exp < now_ms]
         for k in dead:
             del self._data[k]
+            self.nbytes -= ENTRY_BYTES + len(k)
         stale = [k for k, (_, exp) in self._usage.items() if exp < now_ms]
         for k in stale:
             del self._usage[k]

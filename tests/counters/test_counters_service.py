@@ -155,7 +155,7 @@ def test_keys_are_injective_and_hashed_keys_fixed_length():
 async def test_hashed_key_keeps_original_in_listing(service):
     now = None  # store clock
     await service.add([item(domain="hashed", key="user:42:impressions")], now)
-    listed = await service.listing("hashed")
+    listed = (await service.listing("hashed"))["counters"]
     assert [c["original"] for c in listed] == ["user:42:impressions"]
     assert "user:42" not in listed[0]["key"] and listed[0]["freq"] == 1
 

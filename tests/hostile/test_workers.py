@@ -1,7 +1,11 @@
 """`rls serve --workers N` leaves no orphans (issue 14 item 5): SIGKILL of the supervisor takes
 its workers down and frees the ports; a worker told by the pipe alone (no parent-death signal)
 still goes; a worker that hangs while draining is killed after the drain budget and the
-supervisor exits 1 instead of raising."""
+supervisor exits 1 instead of raising.
+
+A worker that keeps failing (issue 24 item 4) is restarted with exponential back-off, shown by
+/healthcheck (503) and /metrics, and ends the supervisor (exit 1) after --worker-max-failures
+consecutive failures instead of spinning."""
 
 from __future__ import annotations
 
@@ -13,8 +17,13 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 from conftest import ROOT, free_port, http_get, wait_until
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rls.workers import BACKOFF_CAP, BACKOFF_FIRST, backoff
+
+from .helpers import metric
 from .test_config_dir import good
 
 
@@ -162,3 +171,117 @@ def test_worker_hanging_while_draining_is_killed_after_the_budget(tmp_path: Path
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_restart_back_off_doubles_from_0_2_s_up_to_the_cap() -> None:
+    waits = [backoff(n) for n in range(1, 12)]
+    assert waits[:5] == [BACKOFF_FIRST * 2 ** k for k in range(5)]
+    assert waits[-1] == BACKOFF_CAP == 30.0 and max(waits) == BACKOFF_CAP
+    assert backoff(10_000) == BACKOFF_CAP
+
+
+def test_a_worker_that_keeps_failing_is_restarted_with_back_off_then_the_supervisor_exits_1(
+        tmp_path: Path) -> None:
+    """A worker exiting at start (a bad config added later, say) used to be restarted every
+    0.2 s forever; now each restart waits twice as long and the 5th failure in a row ends the
+    supervisor with exit 1 and one clear line."""
+    marker = tmp_path / "starts"
+    worker = (
+        "import sys, time\n"
+        f"open({str(marker)!r}, 'a').write(f'{{time.monotonic()}}\\n')\n"
+        "sys.exit(3)\n"
+    )
+    supervisor = (
+        "import logging, sys\n"
+        "from rls.workers import supervise\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        f"cmd = [sys.executable, '-c', {worker!r}]\n"
+        "sys.exit(supervise([], 2, drain_budget=5.0, command=cmd, max_failures=5))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", supervisor], env=clean_env(),
+                            cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out
+    assert b"Traceback" not in out, out
+    assert b"failed 5 times in a row" in out, out
+    assert b"restarting in 1.6 s" in out, out
+    starts = sorted(float(x) for x in marker.read_text().split())
+    # Two slots, each started once and restarted after 0.2, 0.4, 0.8, 1.6 s (one may be
+    # stopped early when the other gives up): at most 10 starts, never a tight loop.
+    assert 8 <= len(starts) <= 10, starts
+    assert starts[-1] - starts[0] >= BACKOFF_FIRST * (1 + 2 + 4 + 8) - 0.1
+
+
+def _grpc_health(addr: str) -> int:
+    with grpc.insecure_channel(addr) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return int(stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status)
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _workers_status(http_url: str) -> tuple[int, str]:
+    status, body = http_get(http_url + "/healthcheck")
+    return status, body.decode(errors="replace")
+
+
+def test_a_crash_looping_worker_turns_health_503_and_shows_in_metrics(tmp_path: Path,
+                                                                     redis_url: str) -> None:
+    """One worker of two keeps failing (its config went bad after start): the other answers
+    /healthcheck 503 naming it, gRPC health NOT_SERVING, and /metrics counts its restarts;
+    once the config is good again the slot comes back, serves 10 s, and health is 200 (and
+    SERVING) again."""
+    config = tmp_path / "a.yaml"
+    config.write_text(good("alpha"))
+    grpc_port, http_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{http_port}"
+    log = open(tmp_path / "rls.log", "wb")
+
+    def output() -> str:
+        log.flush()
+        return (tmp_path / "rls.log").read_text(errors="replace")[-6000:]
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rls", "serve", "--config", str(config), "--workers", "2",
+         "--redis-url", redis_url, "--grpc-addr", f"127.0.0.1:{grpc_port}",
+         "--http-addr", f"127.0.0.1:{http_port}", "--worker-max-failures", "50"],
+        stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=str(ROOT),
+    )
+    try:
+        wait_until(lambda: http_get(url + "/healthcheck")[0] == 200, 30, "workers serving")
+        wait_until(lambda: len(children(proc.pid)) == 2, 30, "two workers")
+        config.write_text("domain: alpha\ndescriptors: [\n")  # the survivor keeps its config
+        os.kill(children(proc.pid)[0], signal.SIGKILL)
+        wait_until(lambda: _workers_status(url)[0] == 503, 30, "health 503", output)
+        wait_until(lambda: metric(url, "rls_worker_consecutive_failures", worker="0")
+                   + metric(url, "rls_worker_consecutive_failures", worker="1") >= 2, 60,
+                   "a slot failing twice in a row", output)
+        status, body = _workers_status(url)
+        assert status == 503 and "1 of 2 workers failing" in body, body
+        grpc_addr = f"127.0.0.1:{grpc_port}"
+        wait_until(lambda: _grpc_health(grpc_addr) == NOT_SERVING, 10, "gRPC NOT_SERVING",
+                   output)
+        restarts = (metric(url, "rls_worker_restarts_total", worker="0")
+                    + metric(url, "rls_worker_restarts_total", worker="1"))
+        assert restarts >= 1
+        assert metric(url, "rls_worker_up", worker="0") + metric(
+            url, "rls_worker_up", worker="1") >= 1
+        config.write_text(good("alpha"))
+        wait_until(lambda: _workers_status(url)[0] == 200, 90,
+                   "health back to 200 once the slot stayed up", output)
+        wait_until(lambda: _grpc_health(grpc_addr) == SERVING, 10, "gRPC SERVING", output)
+        assert len(children(proc.pid)) == 2
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
