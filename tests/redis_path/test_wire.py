@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import redis as redis_py
-from conftest import RedisServer
+from conftest import RedisServer, start_redis
 
 from rls.config.model import Limit, Unit
 from rls.core.model import Check
@@ -146,3 +146,18 @@ async def test_a_store_nobody_started_opens_its_wire_on_the_first_call(
     finally:
         await b.close()
     assert not wire_of(b).connected
+
+
+async def test_a_unix_socket_store_decides_on_the_wire(tmp_path) -> None:
+    sock = tmp_path / "redis.sock"
+    server = start_redis("--unixsocket", str(sock))
+    store = RedisBackend(f"unix://{sock}")
+    try:
+        await store.start()
+        cap = Limit(requests_per_unit=3, unit=Unit.HOUR, full_key="d.k")
+        verdicts = await asyncio.gather(*(store.decide([Check(0, cap, "u", 1)]) for _ in range(5)))
+        assert [v.admitted for v in verdicts] == [True, True, True, False, False]
+        assert wire_of(store).connected
+    finally:
+        await store.close()
+        server.stop()
