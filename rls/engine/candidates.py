@@ -1,0 +1,57 @@
+"""Candidate limits in a decision: their checks, and what they would have answered.
+
+A candidate check (rls/core/admission.py) rides in the same store call as the live checks,
+after them; once the store answered, its verdict is reported (metrics, the top-talkers sketch)
+and dropped, so the rest of the decision only ever sees live checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from rls.config.model import Limit
+from rls.core.model import NEGATIVE, Check, Outcome, candidate_flags
+from rls.engine.decision import DescriptorIn
+from rls.engine.top import NEAR, OVER, TopTalkers
+from rls.metrics import Metrics
+
+
+def with_candidates(
+    checks: list[Check], bounds_of: Callable[[Limit], tuple[int, int, int]]
+) -> list[Check]:
+    """`checks` followed by a check per candidate limit of each: the same descriptor and hits,
+    the live counter key + the candidate's ident, flags naming the live check it stands beside.
+    `bounds_of`: a calendar candidate's window bounds."""
+    out = list(checks)
+    for i, check in enumerate(checks):
+        for cand in check.limit.candidates:
+            bounds = bounds_of(cand) if cand.calendar else None
+            out.append(
+                Check(check.descriptor, cand, check.key + cand.ident, check.hits,
+                      candidate_flags(check.flags, i), None, bounds)
+            )
+    return out
+
+
+def report_candidates(
+    metrics: Metrics,
+    top: TopTalkers,
+    near_ratio: float,
+    domain: str,
+    descriptors: Sequence[DescriptorIn],
+    checks: Sequence[Check],
+    outcomes: Sequence[Outcome],
+) -> None:
+    """Count what each candidate check would have answered (releases report nothing)."""
+    for check, out in zip(checks, outcomes, strict=True):
+        if check.flags & NEGATIVE:
+            continue
+        limit = check.limit
+        over = not out.ok
+        near = not over and out.used + check.hits > int(limit.requests_per_unit * near_ratio)
+        metrics.record_candidate(domain, limit, over, near)
+        if over or near:
+            top.record_candidate(
+                domain, limit.full_key, limit.candidate, descriptors[check.descriptor].entries,
+                OVER if over else NEAR, check.hits,
+            )
