@@ -30,6 +30,7 @@ from rls.engine.decision import (
     Overloaded,
     Status,
 )
+from rls.engine.decision_log import DecisionLog
 from rls.engine.fallback import FallbackLimiter
 from rls.engine.local_cache import OverLimitCache
 from rls.engine.top import NEAR, OVER, TopTalkers
@@ -85,6 +86,12 @@ class RateLimiter:
         self._memos: dict[str, BoundedCache] = {}
         self.top = TopTalkers()  # who is over / near their limits (admin /top, `rls top`)
         self._near_ratio = settings.near_limit_ratio
+        # `--decision-log`: a sampled line per decision for `rls replay`, written off the loop.
+        self.decisions = (
+            DecisionLog(settings.decision_log, settings.decision_log_sample,
+                        settings.decision_log_max_bytes)
+            if settings.decision_log else None
+        )
 
     async def should_rate_limit(
         self,
@@ -160,6 +167,8 @@ class RateLimiter:
                 self.metrics.global_shadow.inc()
             overall = OK
         self.metrics.count_request(domain, _CODE[overall])
+        if self.decisions is not None:
+            self.decisions.record(domain, descriptors, request_hits, _CODE[overall], now_ms)
         decision = Decision(overall, statuses)
         if settings.dynamic_metadata:
             decision.metadata = passed_metadata(memo, descriptors, statuses)
