@@ -83,6 +83,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=1_000_000)
     p.add_argument("--quick", action="store_true", help="100,000 requests")
     p.add_argument("--gzip", action="store_true", help="a gzipped log")
+    p.add_argument("--callers", type=int, default=2000, help="distinct users (default 2000)")
+    p.add_argument("--paths", type=int, default=5, help="distinct paths (default 5)")
     args = p.parse_args()
     n = 100_000 if args.quick else args.requests
     with tempfile.TemporaryDirectory(prefix="rls-replay-bench-") as tmp:
@@ -90,7 +92,7 @@ def main() -> int:
         config.write_text(CONFIG)
         log = Path(tmp) / ("log.jsonl.gz" if args.gzip else "log.jsonl")
         started = time.perf_counter()
-        write_log(log, n, args.gzip)
+        write_log(log, n, args.gzip, callers=args.callers, paths=args.paths)
         print(f"wrote {n:,} lines ({log.stat().st_size / 1e6:.1f} MB) in "
               f"{time.perf_counter() - started:.1f} s")
         fast = measure(config, log, general=False)
@@ -103,6 +105,8 @@ def main() -> int:
     result = {
         "requests": n,
         "gzip": args.gzip,
+        "callers": args.callers,
+        "paths": args.paths,
         "fast_path_decisions_per_cpu_second": rate,
         "fast_path_wall_seconds": fast["seconds"],
         "over_limit_percent": fast["over_limit_percent"],
