@@ -77,6 +77,17 @@ class Tally:
         if base is not None:
             self._compare(ts, shape, result, base)
 
+    def add_admitted(self, n: int, logged: int, first: int, last: int) -> None:
+        """`n` requests replay admitted, `logged` of them logged as admitted too (what `add`
+        would have counted one by one), between `first` and `last`."""
+        if not n:
+            return
+        self.requests += n
+        self.logged += logged
+        self.agree += logged
+        self._first = min(self._first, first)
+        self._last = max(self._last, last)
+
     def _compare(self, ts: int, shape: Shape, result: Result, base: Result) -> None:
         if base[0]:
             self.base_over += 1

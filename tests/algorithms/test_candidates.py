@@ -23,6 +23,9 @@ from rls.engine.limiter import OVER_LIMIT, DescriptorIn, RateLimiter
 from rls.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.base import Backend
+from rls.stores.redis import RedisBackend
+
+from .support import Guarded, retry_on_stall
 
 LIVE = """
 domain: cand
@@ -62,9 +65,13 @@ class Recording(Metrics):
         self.seen.append((limit.full_key, limit.candidate, over))
 
 
-def limiter(yaml: str, store: Backend, prefix: str, metrics: Metrics | None = None) -> RateLimiter:
+def limiter(
+    yaml: str, store: Backend | Guarded, prefix: str, metrics: Metrics | None = None,
+    quota_mode: bool = False,
+) -> RateLimiter:
     config = load_files([("c.yaml", yaml)], False)
-    settings = Settings(key_prefix=prefix, local_cache=False)
+    settings = Settings(key_prefix=prefix, local_cache=False, quota_mode=quota_mode,
+                        backend_timeout_ms=10_000, overload_cap_ms=30_000)  # a loaded host
     return RateLimiter(lambda: config, store, settings, metrics or Metrics())
 
 
@@ -84,15 +91,29 @@ def traffic(seed: int, n: int, both: bool) -> list[tuple[int, list[DescriptorIn]
     return out
 
 
+@pytest.fixture
+def store(memory_or_redis: Backend) -> Backend | Guarded:
+    """The store; Redis guarded against the machine stalling past the injected clock (its
+    keys would then expire early: a false difference, and the test is run again)."""
+    if isinstance(memory_or_redis, RedisBackend):
+        return Guarded(memory_or_redis)
+    return memory_or_redis
+
+
 def counter(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
 
+@pytest.mark.parametrize("quota_mode", [False, True], ids=["per_request", "quota_mode"])
+@retry_on_stall
 async def test_a_candidate_equal_to_its_live_limit_reports_exactly_the_live_over_limits(
-    memory_or_redis: Backend,
+    store: Backend | Guarded, quota_mode: bool
 ) -> None:
+    """Also with every limit a quota (the reference's QUOTA_MODE: a request is rejected only
+    when all its quota descriptors are over), where the admission rule is another one."""
     metrics = Recording()
-    engine = limiter(LIVE, memory_or_redis, f"eq{random.getrandbits(32)}:", metrics)
+    engine = limiter(LIVE, store, f"eq{random.getrandbits(32)}:", metrics,
+                     quota_mode=quota_mode)
     overs = {"cand.user": 0, "cand.route": 0}
     for now, descs in traffic(7, 600, both=True):
         metrics.seen.clear()
@@ -110,17 +131,20 @@ async def test_a_candidate_equal_to_its_live_limit_reports_exactly_the_live_over
                        candidate="same") == n
         assert counter(metrics, "rls_candidate_checks_total", domain="cand", limit=key,
                        candidate="same") == 600
+    if store.name == "redis":  # candidates ride in the request's one EVALSHA
+        assert counter(metrics, "rls_backend_roundtrips_total", backend="redis") == 600
 
 
 @pytest.mark.parametrize("name", sorted(AS_LIVE))
+@retry_on_stall
 async def test_a_candidate_reports_what_it_would_decide_as_the_live_limit(
-    memory_or_redis: Backend, name: str
+    store: Backend | Guarded, name: str
 ) -> None:
     metrics = Recording()
     tag = random.getrandbits(32)
-    engine = limiter(LIVE, memory_or_redis, f"c{tag}:", metrics)
+    engine = limiter(LIVE, store, f"c{tag}:", metrics)
     as_live = LIVE.split("  - key: user")[0] + f"  - key: user\n    {AS_LIVE[name]}\n"
-    reference = limiter(as_live, memory_or_redis, f"r{tag}:")
+    reference = limiter(as_live, store, f"r{tag}:")
     differ = over = 0
     for now, descs in traffic(11, 500, both=False):
         metrics.seen.clear()
@@ -133,16 +157,17 @@ async def test_a_candidate_reports_what_it_would_decide_as_the_live_limit(
     assert over > 20 and differ > 0  # it did limit, and not just where the live limit does
 
 
+@retry_on_stall
 async def test_candidates_never_change_the_answer_nor_the_live_counters(
-    memory_or_redis: Backend,
+    store: Backend | Guarded,
 ) -> None:
     """The same traffic with and without candidates: the same decisions, call by call."""
     tag = random.getrandbits(32)
-    with_candidates = limiter(LIVE, memory_or_redis, f"w{tag}:")
+    with_candidates = limiter(LIVE, store, f"w{tag}:")
     plain = "\n".join(
         line for line in LIVE.splitlines() if "candidates" not in line and "{name:" not in line
     )
-    without = limiter(plain, memory_or_redis, f"o{tag}:")
+    without = limiter(plain, store, f"o{tag}:")
     for now, descs in traffic(3, 400, both=True):
         a = await with_candidates.should_rate_limit("cand", descs, now_ms=now)
         b = await without.should_rate_limit("cand", descs, now_ms=now)
@@ -178,3 +203,20 @@ def test_a_candidate_error_names_its_line_and_node() -> None:
         load_files([("c.yaml", bad)], False)
     assert info.value.line == 8 and info.value.node == "cand.user.rate_limit.candidates[1]"
     assert "requests_per_unit" in str(info.value)
+
+
+def test_rls_top_prints_who_candidates_would_limit_in_a_table_of_their_own() -> None:
+    import argparse
+
+    from rls.top_cli import render
+
+    payload = {
+        "window": "1m", "sort": "over", "workers": 1, "domains": {},
+        "candidates": {"cand": [{"limit": "cand.user", "candidate": "halve",
+                                 "descriptor": "user=bob", "over": 7, "near": 1, "error": 0}]},
+    }
+    text = render(payload, argparse.Namespace(admin="http://x"))
+    assert "WOULD BE LIMITED BY CANDIDATE LIMITS" in text
+    assert "cand.user ~ halve  user=bob" in text
+    assert "WOULD BE" not in render({**payload, "candidates": {}},
+                                    argparse.Namespace(admin="http://x"))
