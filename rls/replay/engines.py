@@ -152,16 +152,22 @@ class FastEngine:
                 self.sweep(ts)
             plan = shape.plans[self.slot] = self.plan(shape)
         counters = plan[0]
+        moved: list[tuple[Cell, int, int]] | None = None  # cells moved to a new window
         for cell, window, cap, need, _ in counters:
-            if (cell.used if cell.index == ts // window else 0) + need > cap:
-                return True, self._overs(ts, plan)
-        for cell, window, _, _, hits in counters:
             idx = ts // window
-            if cell.index == idx:
-                cell.used += hits
-            else:
+            if cell.index != idx:
+                if moved is None:
+                    moved = []
+                moved.append((cell, cell.index, cell.used))
                 cell.index = idx
-                cell.used = hits
+                cell.used = 0
+            if cell.used + need > cap:
+                if moved:  # a rejected request writes nothing (a late line may read them)
+                    for c, index, used in moved:
+                        c.index, c.used = index, used
+                return True, self._overs(ts, plan)
+        for cell, _, _, _, hits in counters:
+            cell.used += hits
         return NOT_LIMITED
 
     @staticmethod

@@ -83,8 +83,38 @@ class LogReader:
         self.lines = 0
         self.skipped = 0  # lines without rate-limit data (a request Envoy did not check)
         self._shapes: dict[bytes, Shape] = {}
+        self._lines: dict[bytes, tuple[str | None, Shape]] = {}
         self._pieces: dict[str, tuple[DescriptorIn, str]] = {}  # one descriptor's JSON text
         self._heads: dict[str, dict[str, Any]] = {}  # domain and hits
+
+    def _decision_line(self, raw: bytes, comma: int, n: int) -> tuple[str | None, Shape] | None:
+        """(code, request) of a decision log line not seen before (None: skipped or bad,
+        counted); remembered by the line's text after its timestamp, its request by the text
+        after its code, so lines with either code share one Shape."""
+        if len(raw) > MAX_LINE:
+            self.bad.add("line too long", n)
+            return None
+        code = None
+        rest = comma + 1
+        if raw.startswith(b'"code":"', rest):
+            end = raw.index(b'"', rest + 8)
+            code = {b"OK": "OK", b"OVER_LIMIT": "OVER_LIMIT"}.get(raw[rest + 8:end])
+            rest = end + 2
+        key = raw[rest:].rstrip()
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._new_shape(key.decode())
+            if shape is None:
+                self.skipped += 1
+                return None
+            if len(self._shapes) >= SHAPES_MAX or len(self._lines) >= 2 * SHAPES_MAX:
+                self._shapes.clear()
+                self._lines.clear()
+                self._pieces.clear()
+                self._heads.clear()
+            self._shapes[key] = shape
+        seen = self._lines[raw[comma:]] = (code, shape)
+        return seen
 
     def _new_shape(self, key: str) -> Shape | None:
         """The request of a decision log line's remainder `key`. Callers repeat descriptors in
@@ -115,37 +145,23 @@ class LogReader:
         return Shape(domain, tuple(descs), _count(request.get("hits", 0)), tuple(texts))
 
     def __iter__(self) -> Iterator[tuple[int, str | None, Shape]]:
-        shapes = self._shapes
-        codes = {b"OK": "OK", b"OVER_LIMIT": "OVER_LIMIT"}
+        lines = self._lines
         n = 0
         for raw in self.stream:
             n += 1
-            if len(raw) > MAX_LINE:
-                self.bad.add("line too long", n)
-                continue
             try:
                 if raw.startswith(b'{"ts":'):  # rls's decision log: the parse is memoised
                     comma = raw.find(b",", 6)
                     ts = int(raw[6:comma])
-                    code = None
-                    rest = comma + 1
-                    if raw.startswith(b'"code":"', rest):
-                        end = raw.index(b'"', rest + 8)
-                        code = codes.get(raw[rest + 8:end])
-                        rest = end + 2
-                    key = raw[rest:-1] if raw[-1] == 10 else raw[rest:].rstrip()
-                    shape = shapes.get(key)
-                    if shape is None:
-                        shape = self._new_shape(key.decode())
-                        if shape is None:
-                            self.skipped += 1
+                    seen = lines.get(raw[comma:])  # the line but its time: (code, request)
+                    if seen is None:
+                        seen = self._decision_line(raw, comma, n)
+                        if seen is None:
                             continue
-                        if len(shapes) >= SHAPES_MAX:
-                            shapes.clear()
-                            self._pieces.clear()
-                            self._heads.clear()
-                        shapes[key] = shape
-                    yield ts, code, shape
+                    yield ts, seen[0], seen[1]
+                    continue
+                if len(raw) > MAX_LINE:
+                    self.bad.add("line too long", n)
                     continue
                 line = raw.decode()
                 if not line.strip():
