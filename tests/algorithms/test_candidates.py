@@ -220,3 +220,24 @@ def test_rls_top_prints_who_candidates_would_limit_in_a_table_of_their_own() -> 
     assert "cand.user ~ halve  user=bob" in text
     assert "WOULD BE" not in render({**payload, "candidates": {}},
                                     argparse.Namespace(admin="http://x"))
+
+
+async def test_a_domain_without_candidates_never_takes_the_candidate_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Costs nothing when absent: the limiter does not even look for candidates."""
+    import rls.engine.limiter as limiter_module
+    from rls.stores.memory import MemoryBackend
+
+    def never(*_: object) -> None:
+        raise AssertionError("candidate path taken")
+
+    monkeypatch.setattr(limiter_module, "with_candidates", never)
+    plain = "domain: plain\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, " \
+        "requests_per_unit: 1}\n"
+    engine = limiter(plain, MemoryBackend(sweep_interval=0), "p:")
+    config = load_files([("c.yaml", plain)], False)
+    assert not config.domains["plain"].has_candidates
+    codes = [(await engine.should_rate_limit("plain", [DescriptorIn((("user", "a"),))],
+                                             now_ms=1_000)).overall for _ in range(2)]
+    assert codes == [1, OVER_LIMIT]
