@@ -7,30 +7,56 @@ and dropped, so the rest of the decision only ever sees live checks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 
-from rls.config.model import Limit
 from rls.core.model import NEGATIVE, Check, Outcome, candidate_flags
+from rls.engine.calendar import CalendarCache
 from rls.engine.decision import DescriptorIn
 from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.metrics import Metrics
 
 
 def with_candidates(
-    checks: list[Check], bounds_of: Callable[[Limit], tuple[int, int, int]]
-) -> list[Check]:
-    """`checks` followed by a check per candidate limit of each: the same descriptor and hits,
-    the live counter key + the candidate's ident, flags naming the live check it stands beside.
-    `bounds_of`: a calendar candidate's window bounds."""
+    checks: list[Check], calendar: CalendarCache, now_ms: int | None
+) -> tuple[list[Check], int]:
+    """`checks` followed by a check per candidate limit of each, and how many were added: the
+    same descriptor and hits, the live counter key + the candidate's ident, flags naming the
+    live check it stands beside (a calendar candidate with its own window bounds)."""
     out = list(checks)
     for i, check in enumerate(checks):
         for cand in check.limit.candidates:
-            bounds = bounds_of(cand) if cand.calendar else None
+            bounds = None
+            if cand.calendar:
+                clock_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+                bounds = calendar.bounds(cand, clock_ms)
             out.append(
                 Check(check.descriptor, cand, check.key + cand.ident, check.hits,
                       candidate_flags(check.flags, i), None, bounds)
             )
-    return out
+    return out, len(out) - len(checks)
+
+
+def split_candidates(
+    metrics: Metrics,
+    top: TopTalkers,
+    near_ratio: float,
+    domain: str,
+    descriptors: Sequence[DescriptorIn],
+    checks: list[Check],
+    outcomes: list[Outcome] | None,
+    cands: int,
+) -> tuple[list[Check], list[Outcome] | None]:
+    """The live checks and outcomes, once the `cands` candidates at the end have reported
+    their would-be verdicts (none when the store did not decide: a fallback or failure
+    answer says nothing about a candidate)."""
+    live = len(checks) - cands
+    if outcomes is None:
+        return checks[:live], None
+    report_candidates(
+        metrics, top, near_ratio, domain, descriptors, checks[live:], outcomes[live:]
+    )
+    return checks[:live], outcomes[:live]
 
 
 def report_candidates(

@@ -17,7 +17,7 @@ from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcom
 from rls.core.usage import UsageOp, usage_ops
 from rls.engine.budget import OVERLOADED, LoopLag, store_deadline
 from rls.engine.calendar import CalendarCache
-from rls.engine.candidates import report_candidates, with_candidates
+from rls.engine.candidates import split_candidates, with_candidates
 from rls.engine.checks import match_cost, match_targets, merge_same_counter, passed_metadata
 from rls.engine.decision import (
     OK,
@@ -126,7 +126,7 @@ class RateLimiter:
         over_cache = self._over_cache
         cands = 0  # candidate checks at the end of `checks` (rls/core/admission.py)
         if dom.has_candidates and checks:
-            checks, cands = self._add_candidates(checks, now_ms)
+            checks, cands = with_candidates(checks, self._calendar, now_ms)
             if cands:
                 over_cache = None  # the store counts candidates on every call
         hit = over_cache.answer(checks, statuses) if checks and over_cache else None
@@ -147,8 +147,9 @@ class RateLimiter:
                 raise
             from_backend = outcomes is not None
             if cands:
-                checks, outcomes = self._split_candidates(
-                    domain, descriptors, checks, outcomes, cands
+                checks, outcomes = split_candidates(
+                    self.metrics, self.top, self._near_ratio, domain, descriptors, checks,
+                    outcomes, cands,
                 )
             if outcomes is None and settings.fallback_share > 0:
                 outcomes = self._fallback.decide(checks, now_ms)
@@ -235,37 +236,6 @@ class RateLimiter:
             checks.append(Check(i, limit, key, hits, flags, dyn, bounds))
 
         return checks
-
-    def _add_candidates(self, checks: list[Check], now_ms: int | None) -> tuple[list[Check], int]:
-        """`checks` and a check per candidate limit of theirs, and how many were added."""
-        calendar = self._calendar
-
-        def bounds(limit: Limit) -> tuple[int, int, int]:
-            clock_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-            return calendar.bounds(limit, clock_ms)
-
-        out = with_candidates(checks, bounds)
-        return out, len(out) - len(checks)
-
-    def _split_candidates(
-        self,
-        domain: str,
-        descriptors: Sequence[DescriptorIn],
-        checks: list[Check],
-        outcomes: list[Outcome] | None,
-        cands: int,
-    ) -> tuple[list[Check], list[Outcome] | None]:
-        """The live checks and outcomes, once the candidates' would-be verdicts are reported
-        (none when the store did not decide: a fallback or failure answer says nothing about
-        a candidate)."""
-        live = len(checks) - cands
-        if outcomes is None:
-            return checks[:live], None
-        report_candidates(
-            self.metrics, self.top, self._near_ratio, domain, descriptors, checks[live:],
-            outcomes[live:],
-        )
-        return checks[:live], outcomes[:live]
 
     def _memo(self, config: RateLimitConfig, domain: str) -> BoundedCache:
         """This config's match memo of `domain` (entries -> matched limits and counter keys).
