@@ -94,3 +94,15 @@ def test_replaying_envoys_access_log_gives_the_live_decisions(
         return sorted((x["descriptor"], x["limit"], x["over_limit"]) for x in r["limited"])
 
     assert who(from_rls) == who(report)
+
+
+def test_the_documented_access_log_is_the_one_tested_here() -> None:
+    import re
+
+    import yaml
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "changing-limits.md").read_text()
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", doc, re.S)
+                 if "envoy.access_loggers.file" in b)
+    logger = yaml.safe_load(block)["access_log"][0]
+    assert logger["typed_config"]["log_format"]["json_format"] == ACCESS_LOG_FORMAT
