@@ -241,3 +241,24 @@ async def test_a_domain_without_candidates_never_takes_the_candidate_path(
     codes = [(await engine.should_rate_limit("plain", [DescriptorIn((("user", "a"),))],
                                              now_ms=1_000)).overall for _ in range(2)]
     assert codes == [1, OVER_LIMIT]
+
+
+@retry_on_stall
+async def test_two_descriptors_on_one_counter_fold_their_candidates_too(
+    store: Backend | Guarded,
+) -> None:
+    """`user=a` twice in one request: one live counter charged with both hits, and so is the
+    candidate's (its twin's index follows the fold)."""
+    metrics = Recording()
+    engine = limiter(LIVE, store, f"f{random.getrandbits(32)}:", metrics)
+    now = int(time.time() * 1000) + 1000
+    for i in range(4):
+        metrics.seen.clear()
+        descs = [DescriptorIn((("user", "a"),), hits=1), DescriptorIn((("user", "a"),), hits=2),
+                 DescriptorIn((("route", "x"),), hits=3)]
+        decision = await engine.should_rate_limit("cand", descs, now_ms=now + i)
+        same = [over for _, name, over in metrics.seen if name == "same"]
+        live = [s.code == OVER_LIMIT for s in decision.statuses]
+        assert same == live, i
+        # 3 hits a call against 5 a second (user), 3 against 8 (route): call 2 is over.
+        assert live == ([False] * 3 if i == 0 else [True, True, False])
