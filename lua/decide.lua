@@ -12,13 +12,18 @@
 --   algorithm id, flags, hits, limit, window ms, burst, overdraft, calendar window start, end,
 --   previous start (0 0 0 for epoch windows), layout (fixed windows: FW_ROLLING, FW_COUNTER;
 --   rls/stores/windows.py).
+-- Candidate checks (flag CANDIDATE; the index of the live check they stand in for, their twin,
+-- in the flag bits from TWIN_DIV up) never take part in the admission; in mode 'd' each is
+-- charged as its twin would be with the candidate's verdict in its place (rls/core/admission.py).
+-- In 'a' / 'r' (a Cluster request spanning slots, decided per slot) the twin may sit in another
+-- slot's call: a candidate is then charged like a live check of the forced admission.
 -- Returns {admitted, then per check: ok, charged, remaining, reset ms, used}.
 -- now, mode and params: lua/request.lua (read once, shared by every decide script).
 local unpack = struct.unpack
 local pos = 1
 local n = #KEYS
 local args, res = {}, {}
-local admitted, quota_seen, quota_room = true, false, false
+local quota_seen, quota_room, failing = false, 0, 0
 for i = 1, n do
   local id, f, hits, cap, window, burst, overdraft, start, stop, prev, layout
   id, f, hits, cap, window, burst, overdraft, start, stop, prev, layout, pos =
@@ -34,24 +39,48 @@ for i = 1, n do
   a.ok, a.rem_charged, a.rem_uncharged, a.reset, a.used = a.algo.evaluate(KEYS[i], now, a)
   args[i] = a
   local f = a.flags
-  if bit.band(f, NEGATIVE) == 0 then
+  if bit.band(f, NEGATIVE + CANDIDATE) == 0 then
     if bit.band(f, QUOTA) ~= 0 then
       quota_seen = true
-      if a.ok or bit.band(f, SHADOW) ~= 0 then quota_room = true end
+      if a.ok or bit.band(f, SHADOW) ~= 0 then quota_room = quota_room + 1 end
     elseif not a.ok and bit.band(f, SHADOW) == 0 then
-      admitted = false
+      failing = failing + 1
     end
   end
 end
-if quota_seen and not quota_room then admitted = false end
+local admitted = failing == 0 and (not quota_seen or quota_room > 0)
 if mode == 'a' then admitted = true elseif mode == 'r' then admitted = false end
+
+-- Whether the request would be admitted with candidate `a`'s verdict in place of its twin's.
+local function would_admit(a)
+  local f = a.flags
+  local shadow = bit.band(f, SHADOW) ~= 0
+  local twin_ok = args[math.floor(f / TWIN_DIV) + 1].ok
+  if bit.band(f, QUOTA) ~= 0 then
+    local room = quota_room - ((twin_ok or shadow) and 1 or 0) + ((a.ok or shadow) and 1 or 0)
+    return failing == 0 and room > 0
+  end
+  local fails = failing
+  if not shadow then
+    fails = fails + (a.ok and 0 or 1) - (twin_ok and 0 or 1)
+  end
+  return fails == 0 and (not quota_seen or quota_room > 0)
+end
 
 res[1] = admitted and 1 or 0
 for i = 1, n do
   local a = args[i]
   local f = a.flags
-  local charge = mode ~= 'e' and (bit.band(f, NEGATIVE + CHARGE_ALWAYS) ~= 0
-    or (admitted and (a.ok or bit.band(f, SHADOW) ~= 0)))
+  local charge
+  if mode == 'e' then
+    charge = false
+  elseif bit.band(f, NEGATIVE + CHARGE_ALWAYS) ~= 0 then
+    charge = true
+  elseif mode == 'd' and bit.band(f, CANDIDATE) ~= 0 then
+    charge = would_admit(a) and (a.ok or bit.band(f, SHADOW) ~= 0)
+  else
+    charge = admitted and (a.ok or bit.band(f, SHADOW) ~= 0)
+  end
   local o = 2 + (i - 1) * 5
   local ok, remaining = a.ok, 0
   if charge then

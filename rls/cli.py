@@ -81,6 +81,9 @@ FLAGS = {
     "counters_config": "frequency counters YAML: per-domain timezone and key_hash, caches",
     "admin_insecure": "allow the admin listener off loopback without RLS_ADMIN_TOKEN",
     "grpc_token": "token gRPC callers must send as `authorization: Bearer …` (prefer the env)",
+    "decision_log": "write a JSON line per decision to this file, for `rls replay` (off: '')",
+    "decision_log_sample": "fraction of callers (domain + descriptors) in the decision log",
+    "decision_log_max_bytes": "decision log file size before it rotates (one backup kept)",
 }
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"
@@ -265,6 +268,8 @@ def _parser() -> argparse.ArgumentParser:
     # `rls demo ...` is handed to rls.demo's own parser before this one runs (see main), so
     # `rls demo --help` shows the demo's options; this entry only lists it in `rls --help`.
     sub.add_parser("demo", help="start Envoy + rls + a tiny backend locally (rls demo --help)")
+    sub.add_parser("replay", help="decide a traffic log against a config, offline "
+                   "(rls replay --help)")
     return parser
 
 
@@ -431,6 +436,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rls.demo import main as demo_main
 
         return demo_main(argv[1:], prog="rls demo")
+    if argv[:1] == ["replay"]:  # its own parser, loaded only when used
+        from rls.replay.cli import main as replay_main
+
+        return replay_main(argv[1:])
     parser = _parser()
     args = parse_args(parser, argv)  # a typo: the sub-command's usage, "did you mean"
     if args.command == "check-config":

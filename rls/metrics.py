@@ -87,6 +87,7 @@ class Metrics:
         self._process_families(r)
         self._engine_families(r)
         self._config_families(r)
+        self._candidate_families(r)
         self._prepared: set[str] = set()
         for reason in REQUEST_ERROR_REASONS:
             self.errors.labels(reason)
@@ -265,6 +266,47 @@ class Metrics:
             multiprocess_mode="max",
         )
         self.build.labels(__version__).set(1)
+
+    def _candidate_families(self, r: CollectorRegistry) -> None:
+        """Candidate limits (YAML `candidates:`): what each would have answered, never enforced.
+        Labels come from the config (domain, the live limit's stats key, the candidate's name),
+        so the series are bounded by it."""
+        labels = ["domain", "limit", "candidate"]
+        self.candidate_checks = Counter(
+            "rls_candidate_checks", "Decisions a candidate limit was counted in", labels,
+            registry=r,
+        )
+        self.candidate_over = Counter(
+            "rls_candidate_over_limit",
+            "Decisions a candidate limit would have answered OVER_LIMIT", labels, registry=r,
+        )
+        self.candidate_near = Counter(
+            "rls_candidate_near_limit",
+            "Decisions within a candidate limit but past its near-limit ratio", labels,
+            registry=r,
+        )
+        self._candidates: dict[tuple[str, str, str], Pending] = {}
+
+    def record_candidate(self, domain: str, limit: Limit, over: bool, near: bool) -> None:
+        """One decision a candidate limit was counted in, and what it would have answered."""
+        key = (domain, limit.full_key, limit.candidate)
+        pending = self._candidates.get(key)
+        if pending is None:
+            if len(self._candidates) > 10_000:  # labels come from the config; stay bounded
+                return
+            pending = self._candidates[key] = self._buffer(
+                (
+                    self.candidate_checks.labels(*key),
+                    self.candidate_over.labels(*key),
+                    self.candidate_near.labels(*key),
+                )
+            )
+        values = pending.values
+        values[0] += 1
+        if over:
+            values[1] += 1
+        elif near:
+            values[2] += 1
 
     def flush(self) -> None:
         for pending in self._pending:

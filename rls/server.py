@@ -443,6 +443,8 @@ class Server:
         for task in self.tasks:
             task.cancel()
         app.limiter.lag.stop()
+        if app.limiter.decisions is not None:
+            await _bounded("the decision log", asyncio.to_thread(app.limiter.decisions.close))
         self.pauses.uninstall()
         app.metrics.flush()
         await _bounded("the config watcher", app.holder.stop())

@@ -89,6 +89,10 @@ class Settings:
     # Admin listener off loopback without RLS_ADMIN_TOKEN: refused unless this is set.
     admin_insecure: bool = False
     grpc_token: str = ""  # when set, gRPC calls need metadata `authorization: Bearer <token>`
+    # A sampled JSON line per decision for `rls replay` (rls/engine/decision_log.py); "" = off.
+    decision_log: str = ""
+    decision_log_sample: float = 1.0  # fraction of callers (domain + descriptors) logged
+    decision_log_max_bytes: int = 100 * 1024 * 1024  # per file; one rotated backup is kept
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
@@ -107,7 +111,7 @@ class Settings:
         for name, low in MINIMUM.items():
             if getattr(self, name) < low:
                 raise SettingError(name, f"{getattr(self, name)!r} is below the minimum {low}")
-        for name in ("fallback_share", "near_limit_ratio"):
+        for name in ("fallback_share", "near_limit_ratio", "decision_log_sample"):
             if not 0 <= getattr(self, name) <= 1:
                 raise SettingError(name, f"{getattr(self, name)!r} is not between 0 and 1")
         for name in ("grpc_addr", "http_addr"):
@@ -194,6 +198,7 @@ MINIMUM: dict[str, float] = {
     "max_entries": 1,
     "max_value_bytes": 1,
     "max_request_bytes": 1,
+    "decision_log_max_bytes": 1024,
 }
 
 

@@ -63,6 +63,17 @@ def render(payload: dict[str, Any], args: argparse.Namespace) -> str:
             rows += 1
     if rows == 0:
         lines.append(f"(no descriptor {payload['sort']} its limit in the last {payload['window']})")
+    candidates = payload.get("candidates") or {}
+    if candidates:
+        lines += ["", "WOULD BE LIMITED BY CANDIDATE LIMITS (not enforced)",
+                  f"{'DOMAIN':<20} {'OVER':>10} {'NEAR':>10} {'±ERR':>8}  LIMIT ~ CANDIDATE  "
+                  "DESCRIPTOR"]
+        for domain, entries in candidates.items():
+            for row in entries:
+                lines.append(
+                    f"{domain[:20]:<20} {row['over']:>10} {row['near']:>10} {row['error']:>8}  "
+                    f"{row['limit']} ~ {row['candidate']}  {row['descriptor']}"
+                )
     return "\n".join(lines) + "\n"
 
 

@@ -123,10 +123,26 @@ async def rlconfig(request: web.Request) -> web.Response:
         if limit.name:
             line += f", name: {limit.name}"
         lines.append(line)
+        lines.extend(  # not enforced: counted beside the limit (docs/changing-limits.md)
+            f"{limit.full_key} ~ candidate {c.candidate}: unit={c.unit.name} "
+            f"requests_per_unit={c.requests_per_unit}"
+            + (f", algorithm: {c.algorithm}" if c.algorithm != "fixed_window" else "")
+            + (f", unit_multiplier: {c.unit_multiplier}" if c.unit_multiplier != 1 else "")
+            for c in limit.candidates
+        )
     return web.Response(text="\n".join(lines) + ("\n" if lines else ""))
 
 
 def _limit_json(limit: Limit) -> dict[str, object]:
+    out = _limit_fields(limit)
+    if limit.candidates:
+        out["candidates"] = [
+            {"candidate": c.candidate, **_limit_fields(c)} for c in limit.candidates
+        ]
+    return out
+
+
+def _limit_fields(limit: Limit) -> dict[str, object]:
     return {
         "key": limit.full_key,
         "name": limit.name,

@@ -7,7 +7,9 @@ answers merges its own live snapshot with the others' files, so the counts are s
 workers. The answer names callers, so it sits behind the admin token when one is set.
 
 Query: `domain` (one domain, default all), `sort` (`over` | `near`), `window` (`1m` | `5m`),
-`limit` (rows per domain, 1..1000, default 20).
+`limit` (rows per domain, 1..1000, default 20). With candidate limits configured, the answer
+also has `candidates`: per domain, who each candidate would have limited (same rows, plus the
+live limit's stats key and the candidate's name).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from rls.admin.auth import requires_token
-from rls.engine.top import WINDOWS, TopTalkers, merge_top
+from rls.engine.top import WINDOWS, TopTalkers, merge_candidates, merge_top
 from rls.workers import shared_dir
 
 # A worker writes its file every second; one untouched for longer belongs to a dead worker
@@ -78,9 +80,13 @@ async def top(request: web.Request) -> web.Response:
     if directory is not None:
         snapshots += await asyncio.to_thread(other_workers, directory)
     domains = merge_top(snapshots, window=window, sort=sort, domain=domain, limit=limit)
-    return web.json_response(
-        {"window": window, "sort": sort, "workers": len(snapshots), "domains": domains}
-    )
+    body: dict[str, Any] = {
+        "window": window, "sort": sort, "workers": len(snapshots), "domains": domains
+    }
+    candidates = merge_candidates(snapshots, window=window, sort=sort, domain=domain, limit=limit)
+    if candidates:  # who candidate limits would have limited (only when some are configured)
+        body["candidates"] = candidates
+    return web.json_response(body)
 
 
 def add_top_routes(app: web.Application) -> None:

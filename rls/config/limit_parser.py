@@ -11,6 +11,7 @@ reference's (or pinned by tests), so each step below keeps its place in `limit`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -49,6 +50,19 @@ def stray_limit_fields(
     ]
 
 
+# `candidates:` entries: what a candidate may set (the rest is the live limit's), what it
+# inherits from the live spec when it sets no unit / algorithm of its own, and its name's form.
+CANDIDATE_KEYS = frozenset({
+    "name", "requests_per_unit", "unit", "unit_multiplier", "algorithm", "burst", "overdraft",
+    "calendar", "window", "timezone",
+})
+_UNIT_KEYS = ("unit", "unit_multiplier")
+_ALGORITHM_KEYS = ("algorithm", "burst", "overdraft", "calendar", "window", "timezone")
+_INHERITED = ("charge", "accept_releases")
+CANDIDATE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_CANDIDATES = 8  # per live limit: each one is a counter more per request
+
+
 def parse_unit(text: str) -> Unit | None:
     try:
         unit = Unit[text.upper()]
@@ -85,6 +99,18 @@ class LimitParser:
         self._check_limit_set(limits, path)
         if len(limits) > 1:
             distinct_metric_keys(limits, path)
+        if raw.get("candidates") is not None and not single:
+            raise self.fail(
+                f"'{path}': candidates next to rate_limits: put them inside each "
+                "rate_limits entry they stand beside", "candidates",
+            )
+        for index, spec in enumerate(specs):
+            given = as_list(self.file, spec.get("candidates"), "candidates")
+            if single and not index:
+                given = as_list(self.file, raw.get("candidates"), "candidates") + given
+            if given:
+                where = "rate_limit" if single and not index else f"rate_limits[{index - single}]"
+                limits[index] = self._with_candidates(limits[index], spec, given, path, where)
         return limits
 
     def _check_placement(self, raw: dict[str, Any], path: str) -> None:
@@ -106,6 +132,57 @@ class LimitParser:
                     f"{path}.rate_limit",
                 )
             )
+
+    def _with_candidates(
+        self, live: Limit, spec: dict[str, Any], given: list[Any], path: str, where: str
+    ) -> Limit:
+        """`live` with its candidate limits: each entry is the live spec with the entry's
+        fields in place (its unit and algorithm settings when it names its own)."""
+        at = f"{path}.{where}.candidates"
+        if live.unlimited:
+            raise self.fail(f"'{at}': an unlimited limit has no count to compare candidates with")
+        if len(given) > MAX_CANDIDATES:
+            raise self.fail(f"'{at}': at most {MAX_CANDIDATES} candidates per limit")
+        out: list[Limit] = []
+        for i, entry in enumerate(given):
+            try:
+                out.append(self._candidate(live, spec, entry, f"'{at}[{i}]'"))
+            except ConfigError as exc:
+                field = exc.field if isinstance(entry, dict) and exc.field in entry else None
+                raise exc.locate(line_of(entry, field), f"{at}[{i}]") from None
+            if out[-1].candidate in (c.candidate for c in out[:-1]):
+                raise self.fail(
+                    f"'{at}[{i}]': two candidates named '{out[-1].candidate}'", "name"
+                ).locate(line_of(entry, "name"), f"{at}[{i}]")
+        return dataclasses.replace(live, candidates=tuple(out))
+
+    def _candidate(self, live: Limit, spec: dict[str, Any], entry: Any, at: str) -> Limit:
+        if not isinstance(entry, dict):
+            raise self.fail(f"{at}: a candidate must be a map (name, requests_per_unit, ...)")
+        for key in entry:
+            if key not in CANDIDATE_KEYS:
+                raise self.fail(
+                    f"{at}: '{key}' cannot be set on a candidate (it may set "
+                    f"{', '.join(sorted(CANDIDATE_KEYS))}; the rest is the live limit's)", key,
+                )
+        name = as_str(self.file, entry.get("name"), "name")
+        if not CANDIDATE_NAME.fullmatch(name):
+            raise self.fail(
+                f"{at}: a candidate needs a name of 1 to 64 letters, digits, '_', '.' or '-'",
+                "name",
+            )
+        if entry.get("requests_per_unit") is None:
+            raise self.fail(f"{at}: a candidate needs requests_per_unit", "requests_per_unit")
+        merged: dict[str, Any] = {k: spec[k] for k in _INHERITED if k in spec}
+        if "unit" not in entry:
+            merged.update((k, spec[k]) for k in _UNIT_KEYS if k in spec)
+        if "algorithm" not in entry:
+            merged.update((k, spec[k]) for k in _ALGORITHM_KEYS if k in spec)
+        merged.update((k, v) for k, v in entry.items() if k != "name")
+        base = self.limit(merged, at.strip("'"), live.shadow_mode, live.quota_mode, 0)
+        return dataclasses.replace(
+            base, candidate=name, full_key=live.full_key, ident=""
+        )
 
     def _located_limit(
         self, spec: Any, path: str, where: str, shadow: bool, quota: bool, index: int

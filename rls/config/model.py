@@ -81,6 +81,26 @@ class Domain:
     # `key_hash: md5|xxh3`: counter keys carry a digest of the descriptor (rls.core.keys);
     # "" keeps them readable.
     key_hash: str = ""
+    # Whether any limit of the domain has candidates (derived): the limiter looks for them
+    # only then, so a domain without any pays nothing.
+    has_candidates: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "has_candidates", any(lim.candidates for lim in limits_of(self)))
+
+
+def limits_of(domain: Domain) -> list[Limit]:
+    """Every limit of a domain's tree, depth first in config order."""
+    out: list[Limit] = []
+
+    def walk(level: Level) -> None:
+        for node in level.ordered:
+            out.extend(node.limits)
+            if node.children is not None:
+                walk(node.children)
+
+    walk(domain.root)
+    return out
 
 
 @dataclass(slots=True, eq=False, frozen=True)
@@ -94,14 +114,4 @@ class RateLimitConfig:
     warnings: tuple[Any, ...] = ()
 
     def all_limits(self) -> list[Limit]:
-        out: list[Limit] = []
-
-        def walk(level: Level) -> None:
-            for node in level.ordered:
-                out.extend(node.limits)
-                if node.children is not None:
-                    walk(node.children)
-
-        for domain in self.domains.values():
-            walk(domain.root)
-        return out
+        return [lim for domain in self.domains.values() for lim in limits_of(domain)]

@@ -61,6 +61,7 @@ EXTENSION_KEYS = frozenset(
         "usage_stats",
         "failure_mode",
         "key_hash",
+        "candidates",
     }
 )
 VALID_KEYS = REFERENCE_KEYS | EXTENSION_KEYS

@@ -85,6 +85,10 @@ class Limit:
     index: int = 0
     ident: str = ""
     window_ms: int = 0
+    # Candidate limits counted beside this one (YAML `candidates:`), never enforced; and, on a
+    # candidate itself, its name (its counter key is the live key + its ident, `~<name>~...`).
+    candidates: tuple[Limit, ...] = ()
+    candidate: str = ""
 
     def __post_init__(self) -> None:
         # Frozen: the derived fields are set once here (object.__setattr__), never after.
@@ -105,6 +109,10 @@ class Limit:
                 ident += "r"
             if self.index:
                 ident += f"i{self.index}"
+            if self.candidate:
+                # Appended to the live counter key: `~` never occurs in a live ident, so a
+                # candidate's counter never meets a live one (nor another candidate's).
+                ident = f"~{self.candidate}~{ident}"
             derived(self, "ident", ident)
 
     @property

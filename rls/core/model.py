@@ -11,6 +11,24 @@ SHADOW = 1
 QUOTA = 2
 CHARGE_ALWAYS = 4
 NEGATIVE = 8
+# A candidate limit (rls/core/admission.py): counted beside the live check it shadows, whose
+# index in the request's check list sits in the bits from TWIN_SHIFT up; it never changes the
+# admission. Flags travel to Lua as doubles and are read with Lua's 32-bit `bit` library:
+# indexes stay far below 2^(31 - TWIN_SHIFT).
+CANDIDATE = 16
+TWIN_SHIFT = 5
+FLAG_BITS = (1 << TWIN_SHIFT) - 1
+
+
+def candidate_flags(live_flags: int, twin: int) -> int:
+    """Flags of a candidate of the live check at index `twin` (its shadow, quota, charging and
+    release bits are the live check's: the candidate stands in for it)."""
+    return CANDIDATE | (live_flags & FLAG_BITS & ~CANDIDATE) | (twin << TWIN_SHIFT)
+
+
+def twin_of(flags: int) -> int:
+    """Index of the live check a candidate's flags name."""
+    return flags >> TWIN_SHIFT
 
 
 @dataclass(slots=True)

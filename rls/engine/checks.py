@@ -10,7 +10,7 @@ from typing import Any
 from rls.config.matcher import match, needs_dynamic_stats, stats_key
 from rls.config.model import Domain, Limit
 from rls.core.keys import counter_key
-from rls.core.model import NEGATIVE, Check
+from rls.core.model import CANDIDATE, FLAG_BITS, NEGATIVE, TWIN_SHIFT, Check
 from rls.engine.decision import OVER_LIMIT, UNLIMITED_REMAINING, DescriptorIn, Status
 from rls.memo import STR_OVERHEAD, TUPLE_OVERHEAD, BoundedCache, entries_cost
 
@@ -91,6 +91,8 @@ def merge_same_counter(checks: list[Check]) -> tuple[list[Check], list[int] | No
     for j, check in enumerate(merged):
         total = net[j]
         flags = check.flags | NEGATIVE if total < 0 else check.flags & ~NEGATIVE
-        if total != (-check.hits if check.flags & NEGATIVE else check.hits):
+        if flags & CANDIDATE:  # its twin's index in the merged list
+            flags = (flags & FLAG_BITS) | (slots[flags >> TWIN_SHIFT] << TWIN_SHIFT)
+        if flags != check.flags or total != (-check.hits if check.flags & NEGATIVE else check.hits):
             merged[j] = replace(check, hits=abs(total), flags=flags)
     return merged, slots

@@ -16,6 +16,7 @@ from rls.core.keys import counter_key
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.core.usage import UsageOp, usage_ops
 from rls.engine.calendar import CalendarCache
+from rls.engine.candidates import split_candidates, with_candidates
 from rls.engine.checks import match_cost, match_targets, merge_same_counter, passed_metadata
 from rls.engine.decision import (
     OK,
@@ -28,6 +29,7 @@ from rls.engine.decision import (
     Overloaded,
     Status,
 )
+from rls.engine.decision_log import DecisionLog
 from rls.engine.fallback import FallbackLimiter
 from rls.engine.local_cache import OverLimitCache
 from rls.engine.top import NEAR, OVER, TopTalkers
@@ -90,6 +92,12 @@ class RateLimiter:
         self._unknown_domains = UnknownDomains(metrics.domain_not_found)
         self.top = TopTalkers()  # who is over / near their limits (admin /top, `rls top`)
         self._near_ratio = settings.near_limit_ratio
+        # `--decision-log`: a sampled line per decision for `rls replay`, written off the loop.
+        self.decisions = (
+            DecisionLog(settings.decision_log, settings.decision_log_sample,
+                        settings.decision_log_max_bytes)
+            if settings.decision_log else None
+        )
 
     async def should_rate_limit(
         self,
@@ -122,6 +130,11 @@ class RateLimiter:
                 dom.key_hash,
             )
         over_cache = self._over_cache
+        cands = 0  # candidate checks at the end of `checks` (rls/core/admission.py)
+        if dom.has_candidates and checks:
+            checks, cands = with_candidates(checks, self._calendar, now_ms)
+            if cands:
+                over_cache = None  # the store counts candidates on every call
         hit = over_cache.answer(checks, statuses) if checks and over_cache else None
         if usage and (hit is not None or not checks):
             # Every call counts in usage, also those decided without the decision round trip.
@@ -139,6 +152,11 @@ class RateLimiter:
                 self.metrics.count_failure_answer(domain, OVERLOADED, "unavailable")
                 raise
             from_backend = outcomes is not None
+            if cands:
+                checks, outcomes = split_candidates(
+                    self.metrics, self.top, self._near_ratio, domain, descriptors, checks,
+                    outcomes, cands,
+                )
             if outcomes is None and settings.fallback_share > 0:
                 outcomes = self._fallback.decide(checks, now_ms)
                 if outcomes is not None:
@@ -156,6 +174,8 @@ class RateLimiter:
                 self.metrics.global_shadow.inc()
             overall = OK
         self.metrics.count_request(domain, _CODE[overall])
+        if self.decisions is not None:
+            self.decisions.record(domain, descriptors, request_hits, _CODE[overall], now_ms)
         decision = Decision(overall, statuses)
         if settings.dynamic_metadata:
             decision.metadata = passed_metadata(memo, descriptors, statuses)

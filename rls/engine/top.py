@@ -63,20 +63,38 @@ class SpaceSaving:
 
 
 class TopTalkers:
-    """Per-domain sketches over rotating time slots."""
+    """Per-domain sketches over rotating time slots; candidate limits (who *would* be limited)
+    get sketches of their own, per domain, live limit and candidate."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         # domain -> slot index -> sketch; a slot is reused when its index comes round again
         self._slots: dict[str, dict[int, SpaceSaving]] = {}
+        # candidate_stream(domain, limit, candidate) -> slot index -> sketch
+        self._candidates: dict[str, dict[int, SpaceSaving]] = {}
 
     def record(self, domain: str, entries: Iterable[tuple[str, str]], kind: int, hits: int) -> None:
+        self._add(self._slots, domain, entries, kind, hits)
+
+    def record_candidate(
+        self, domain: str, limit: str, candidate: str, entries: Iterable[tuple[str, str]],
+        kind: int, hits: int,
+    ) -> None:
+        """A descriptor the candidate `candidate` of limit `limit` would have found over (or
+        near) it."""
+        self._add(self._candidates, candidate_stream(domain, limit, candidate), entries, kind,
+                  hits)
+
+    def _add(
+        self, streams: dict[str, dict[int, SpaceSaving]], domain: str,
+        entries: Iterable[tuple[str, str]], kind: int, hits: int,
+    ) -> None:
         slot = int(self._clock() // SLOT_SECONDS)
-        domain_slots = self._slots.get(domain)
+        domain_slots = streams.get(domain)
         if domain_slots is None:
-            if len(self._slots) >= MAX_DOMAINS:
+            if len(streams) >= MAX_DOMAINS:
                 return
-            domain_slots = self._slots[domain] = {}
+            domain_slots = streams[domain] = {}
         sketch = domain_slots.get(slot)
         if sketch is None:
             for old in [s for s in domain_slots if s <= slot - SLOTS]:
@@ -87,17 +105,47 @@ class TopTalkers:
     def snapshot(self) -> dict[str, Any]:
         """Plain data of the live slots (for the other workers to merge)."""
         now = int(self._clock() // SLOT_SECONDS)
-        return {
-            "now": now,
-            "domains": {
-                domain: {
-                    str(slot): sketch.counts
-                    for slot, sketch in slots.items()
-                    if slot > now - SLOTS
-                }
-                for domain, slots in self._slots.items()
-            },
-        }
+
+        def live(streams: dict[str, dict[int, SpaceSaving]]) -> dict[str, Any]:
+            return {
+                name: {str(slot): sketch.counts for slot, sketch in slots.items()
+                       if slot > now - SLOTS}
+                for name, slots in streams.items()
+            }
+
+        snap = {"now": now, "domains": live(self._slots)}
+        if self._candidates:
+            snap["candidates"] = live(self._candidates)
+        return snap
+
+
+def candidate_stream(domain: str, limit: str, candidate: str) -> str:
+    """The sketch name of one candidate: `domain` NUL `limit` NUL `candidate` (NUL is in none
+    of them: they come from YAML keys and names)."""
+    return f"{domain}\0{limit}\0{candidate}"
+
+
+def merge_candidates(
+    snapshots: Iterable[dict[str, Any]], window: str = "1m", sort: str = "over",
+    domain: str | None = None, limit: int = 20,
+) -> dict[str, list[dict[str, Any]]]:
+    """Who the candidate limits would have limited over `window`, per domain: rows of
+    `merge_top` with the live limit's stats key and the candidate's name."""
+    streams = merge_top(
+        ({"now": s["now"], "domains": s.get("candidates", {})} for s in snapshots),
+        window=window, sort=sort, limit=limit,
+    )
+    out: dict[str, list[dict[str, Any]]] = {}
+    for stream, rows in streams.items():
+        dom, lim, cand = stream.split("\0")
+        if domain is not None and dom != domain:
+            continue
+        out.setdefault(dom, []).extend({"limit": lim, "candidate": cand, **row} for row in rows)
+    key = "over" if sort == "over" else "near"
+    for rows in out.values():
+        rows.sort(key=lambda r: (-r[key], r["limit"], r["candidate"], r["descriptor"]))
+        del rows[limit:]
+    return out
 
 
 def merge_top(

@@ -30,7 +30,17 @@ import hiredis
 
 from rls.core.algorithms.base import GRACE_MS
 from rls.core.algorithms.registry import ALGORITHM_IDS, BY_NAME, REGISTRY
-from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome, Verdict
+from rls.core.model import (
+    CANDIDATE,
+    CHARGE_ALWAYS,
+    NEGATIVE,
+    QUOTA,
+    SHADOW,
+    TWIN_SHIFT,
+    Check,
+    Outcome,
+    Verdict,
+)
 from rls.stores.windows import counts_in_window, expiry_ms, layout, window_bounds
 from rls.stores.windows import lua_prelude as windows_prelude
 
@@ -65,6 +75,7 @@ def prelude() -> str:
     return (
         "local SHADOW, QUOTA, CHARGE_ALWAYS, NEGATIVE = "
         f"{SHADOW}, {QUOTA}, {CHARGE_ALWAYS}, {NEGATIVE}\n"
+        f"local CANDIDATE, TWIN_DIV = {CANDIDATE}, {1 << TWIN_SHIFT}\n"
         f"local GRACE_MS = {GRACE_MS}\n"
         + windows_prelude()
     )

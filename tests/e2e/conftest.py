@@ -63,10 +63,11 @@ def gateway_factory(
         descriptors_yaml: str,
         config_file: str | Path = GATEWAY_YAML,
         backends: Sequence[Backend] | None = None,
+        rls_args: tuple[str, ...] = (),
     ) -> Gateway:
         descriptor_file = tmp_path / f"descriptors-{len(started)}.yaml"
         descriptor_file.write_text(descriptors_yaml)
-        rls = rls_factory(descriptor_file)
+        rls = rls_factory(descriptor_file, args=rls_args)
         config = load_gateway(config_file)
         listener_port, admin_port = free_port(), free_port()
         upstreams = list(backends) if backends is not None else [backend]

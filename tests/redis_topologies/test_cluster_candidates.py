@@ -1,0 +1,82 @@
+"""Candidate limits on a Redis Cluster (3 masters), where a request's counters, and a
+candidate's counter and its live twin's, can live on different masters (the two-step
+evaluate / charge of rls/stores/redis.py): a candidate equal to its live limit still reports
+exactly the live over-limit decisions."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import rls.stores.connect as redis_connect
+from rls.config.loader import load_files
+from rls.config.model import Limit
+from rls.engine.limiter import OVER_LIMIT, DescriptorIn, RateLimiter
+from rls.metrics import Metrics
+from rls.settings import Settings
+from rls.stores.redis import RedisBackend
+from rls.stores.windows import window_key
+
+from .servers import ClusterTopology
+from .test_cluster import IN_PROCESS_TIMEOUT_MS, _ClusterWithoutRetryOnTimeout
+
+CONFIG = """
+domain: cc
+descriptors:
+  - key: a
+    rate_limit: {unit: year, requests_per_unit: 4}
+    candidates: [{name: same, requests_per_unit: 4}, {name: low, requests_per_unit: 2}]
+  - key: b
+    rate_limit: {unit: year, requests_per_unit: 6}
+    candidates: [{name: same, requests_per_unit: 6}]
+"""
+
+
+YEAR_MS = 31_536_000_000
+
+
+class Recording(Metrics):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str, bool]] = []
+
+    def record_candidate(self, domain: str, limit: Limit, over: bool, near: bool) -> None:
+        super().record_candidate(domain, limit, over, near)
+        self.seen.append((limit.full_key, limit.candidate, over))
+
+
+async def test_an_equal_candidate_reports_the_live_over_limits_across_cluster_slots(
+    fresh_cluster: ClusterTopology, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(redis_connect, "RedisCluster", _ClusterWithoutRetryOnTimeout)
+    config = load_files([("cc.yaml", CONFIG)])
+    metrics = Recording()
+    backend = RedisBackend(fresh_cluster.url, timeout_ms=IN_PROCESS_TIMEOUT_MS)
+    settings = Settings(redis_url=fresh_cluster.url, backend_timeout_ms=IN_PROCESS_TIMEOUT_MS,
+                        local_cache=False)
+    limiter = RateLimiter(lambda: config, backend, settings, metrics)
+    await backend.start()
+    try:
+        rng = random.Random(2)
+        values = [f"v{i}" for i in range(4)]
+        spread = set()
+        overs = 0
+        for _ in range(80):
+            a, b = rng.choice(values), rng.choice(values)
+            descs = [DescriptorIn((("a", a),)), DescriptorIn((("b", b),))]
+            metrics.seen.clear()
+            decision = await limiter.should_rate_limit("cc", descs)
+            index = {"cc.a": 0, "cc.b": 1}
+            for key, name, over in metrics.seen:
+                if name == "same":
+                    live = decision.statuses[index[key]].code == OVER_LIMIT
+                    assert over == live, (a, b, key)
+                    overs += live
+            now = int(time.time() * 1000)
+            for key in (f"rl:cc|a|{a}|f31536000", f"rl:cc|a|{a}|f31536000~same~f31536000"):
+                spread.add(fresh_cluster.slot_owner(window_key(key, YEAR_MS, now)).port)
+        assert overs > 10
+        assert len(spread) > 1  # the counters really are on several masters
+    finally:
+        await backend.close()
