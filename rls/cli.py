@@ -32,7 +32,7 @@ FLAGS = {
     "grpc_addr": "gRPC listen address (RateLimitService, health)",
     "http_addr": "admin HTTP listen address",
     "redis_url": "redis://, rediss:// or unix:// URL; none = embedded in-memory backend",
-    "cache_config": "response cache rules: serves Envoy ext_proc on the gRPC port",
+    "cache_config": "response cache rules: serves Envoy ext_proc on --extproc-addr",
     "cache_store": "cache store URL (redis://, rediss://, ssdb://host:port); default: rules file",
     "workers": "worker processes sharing the gRPC port",
     "failure_mode": "answer when the backend fails: allow (OK) or deny (OVER_LIMIT)",
@@ -70,6 +70,8 @@ FLAGS = {
     "counters_config": "frequency counters YAML: per-domain timezone and key_hash, caches",
     "admin_insecure": "allow the admin listener off loopback without RLS_ADMIN_TOKEN",
     "grpc_token": "token gRPC callers must send as `authorization: Bearer …` (prefer the env)",
+    "extproc_addr": "ext_proc (response cache) listen address; --grpc-addr's value: same port",
+    "max_concurrent_streams": "concurrent gRPC streams per client connection",
 }
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"

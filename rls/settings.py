@@ -80,6 +80,13 @@ class Settings:
     # Admin listener off loopback without RLS_ADMIN_TOKEN: refused unless this is set.
     admin_insecure: bool = False
     grpc_token: str = ""  # when set, gRPC calls need metadata `authorization: Bearer <token>`
+    # ext_proc (the response cache, with --cache-config) has a listener of its own, on loopback
+    # by default: its calls write entries that are served to every user. Set it to the
+    # --grpc-addr value to serve ext_proc on the main gRPC port instead.
+    extproc_addr: str = "127.0.0.1:8082"
+    # Concurrent streams per HTTP/2 connection on every gRPC listener (a client that opens
+    # more waits for one to end; Envoy opens another connection).
+    max_concurrent_streams: int = 1024
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
@@ -99,7 +106,7 @@ class Settings:
         for name in ("fallback_share", "near_limit_ratio"):
             if not 0 <= getattr(self, name) <= 1:
                 raise SettingError(name, f"{getattr(self, name)!r} is not between 0 and 1")
-        for name in ("grpc_addr", "http_addr"):
+        for name in ("grpc_addr", "http_addr", "extproc_addr"):
             _check_addr(name, getattr(self, name))
         if not (self.admin_insecure or os.environ.get("RLS_ADMIN_TOKEN")):
             if not is_loopback(self.http_addr):
@@ -122,8 +129,8 @@ class Settings:
 
 
 def _check_addr(name: str, addr: str) -> None:
-    """`host:port` (host may be empty or `[v6]`); gRPC also takes `unix:` socket paths."""
-    if name == "grpc_addr" and addr.startswith(("unix:", "unix-abstract:")):
+    """`host:port` (host may be empty or `[v6]`); gRPC listeners also take `unix:` paths."""
+    if name != "http_addr" and addr.startswith(("unix:", "unix-abstract:")):
         return
     _, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
@@ -167,6 +174,7 @@ MINIMUM: dict[str, float] = {
     "max_entries": 1,
     "max_value_bytes": 1,
     "max_request_bytes": 1,
+    "max_concurrent_streams": 1,
 }
 
 
