@@ -13,7 +13,6 @@ from pathlib import Path
 
 import grpc
 from aiohttp import web
-from grpc_health.v1 import health_pb2_grpc
 
 from rls.admin.app import RUNNER_OPTIONS, AdminState, create_app
 from rls.admin.auth import admin_token
@@ -34,7 +33,7 @@ from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
 from rls.grpc_auth import interceptors
 from rls.metrics import Metrics
 from rls.services.extproc import EXTPROC_MAX_MESSAGE, build_cache, warn_if_open
-from rls.services.health import create_health, set_serving
+from rls.services.health import create_health, health_handler, set_serving
 from rls.services.quota import QuotaService
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
@@ -328,7 +327,7 @@ class Server:
         server = self._grpc_listener(settings.grpc_addr, "gRPC", max_message, tuple(handlers))
         if server is not None:
             await set_serving(self.health, False)  # until the store accepted us
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+            server.add_generic_rpc_handlers((health_handler(self.health),))
         return server
 
     def _grpc_listener(

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from rls.counters.model import MAX_BATCH, InvalidItem, Item, Result, make_item
 from rls.counters.proto import counters_pb2
 from rls.counters.service import CountersService
 from rls.counters.stores import CounterStoreError
+from rls.services import decoding
 
 pb: Any = counters_pb2  # generated module: no type information
 
@@ -109,23 +109,8 @@ class CountersGrpc:
         return batch_response(await self.service.get(items))
 
     def handler(self) -> grpc.GenericRpcHandler:
-        def unary(fn: Any, req_type: Any, resp_type: Any) -> Any:
-            async def decoded(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-                # Decoded here, not by grpc: undecodable bytes are INVALID_ARGUMENT, not
-                # grpc's UNKNOWN with a traceback in the log.
-                try:
-                    req = req_type.FromString(raw)
-                except DecodeError as exc:
-                    await context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"malformed {req_type.DESCRIPTOR.name}: {exc}",
-                    )
-                return await fn(req, context)
-
-            return grpc.unary_unary_rpc_method_handler(
-                decoded, response_serializer=resp_type.SerializeToString
-            )
-
+        # Decoded by the handler: undecodable bytes are INVALID_ARGUMENT (rls/services/decoding.py)
+        unary = decoding.unary_unary
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
             {

@@ -1,0 +1,226 @@
+"""ext_proc (the response cache) under hostile callers (issue 24 items 5 and 6), on a real
+`rls serve`: only its own listener (loopback by default) serves it, the gRPC token guards it,
+headers Envoy never sends are `malformed_header` bypasses and undecodable messages
+INVALID_ARGUMENT, never a traceback; oversized messages are refused with memory bounded."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from cache.helpers import request_headers, response_body, response_headers
+from conftest import RlsProcess
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from rls.settings import Settings, is_loopback
+
+from .grpc_surface import (
+    RSS_GROWTH_LIMIT,
+    assert_no_traceback,
+    assert_serving,
+    cache_metric,
+    process,
+    process_raw,
+    rss,
+    start_rls,
+)
+
+TOKEN = "s3cret-extproc-token"
+
+
+@pytest.fixture
+def rls(tmp_path: Path) -> Iterator[RlsProcess]:
+    server = start_rls(tmp_path)
+    yield server
+    server.stop()
+
+
+def get(path: str = "/items?page=1") -> pb.ProcessingRequest:
+    return request_headers("GET", path, api="items")
+
+
+def miss(path: str = "/items?page=1", body: bytes = b"page") -> list[pb.ProcessingRequest]:
+    """A cacheable GET as Envoy sends it: request headers, response headers, response body."""
+    return [get(path), response_headers(length=len(body)), response_body(body)]
+
+
+def x_cache(reply: pb.ProcessingResponse) -> bytes | None:
+    kind = reply.WhichOneof("response")
+    if kind not in ("response_headers", "response_body"):
+        return None
+    for option in getattr(reply, kind).response.header_mutation.set_headers:
+        if option.header.key == "x-cache":
+            return option.header.raw_value
+    return None
+
+
+def is_hit(addr: str, path: str = "/items?page=1") -> bool:
+    code, replies = process(addr, [get(path)])
+    return code == grpc.StatusCode.OK and replies[-1].HasField("immediate_response")
+
+
+# ------------------------------------------------------------------------ who may write
+
+
+def test_the_default_ext_proc_listener_is_loopback_and_not_the_grpc_port() -> None:
+    defaults = Settings()
+    assert is_loopback(defaults.extproc_addr)
+    assert defaults.extproc_addr != defaults.grpc_addr
+    assert not is_loopback(defaults.grpc_addr)
+
+
+def test_ext_proc_is_served_on_its_own_listener_only(rls: RlsProcess) -> None:
+    code, _ = process(rls.grpc_addr, miss())
+    assert code == grpc.StatusCode.UNIMPLEMENTED
+    assert cache_metric(rls, "rls_cache_cacheable_misses_total", api="items") == 0
+    assert not is_hit(rls.extproc_addr)
+
+    code, replies = process(rls.extproc_addr, miss())
+    assert code == grpc.StatusCode.OK
+    assert [x_cache(r) for r in replies] == [None, b"MISS", None]
+    assert is_hit(rls.extproc_addr)
+    assert_no_traceback(rls)
+
+
+def test_ext_proc_on_the_grpc_port_when_both_addresses_are_equal(tmp_path: Path) -> None:
+    rls = start_rls(tmp_path, extproc_on_grpc_port=True)
+    try:
+        assert rls.extproc_addr == rls.grpc_addr
+        assert process(rls.grpc_addr, miss())[0] == grpc.StatusCode.OK
+        assert is_hit(rls.grpc_addr)
+    finally:
+        rls.stop()
+
+
+def test_the_grpc_token_guards_ext_proc_writes(tmp_path: Path) -> None:
+    rls = start_rls(tmp_path, env={"RLS_GRPC_TOKEN": TOKEN})
+    try:
+        for metadata in (None, [("authorization", "Bearer nope")]):
+            code, replies = process(rls.extproc_addr, miss(), metadata=metadata)
+            assert (code, replies) == (grpc.StatusCode.UNAUTHENTICATED, []), metadata
+        assert cache_metric(rls, "rls_cache_cacheable_misses_total", api="items") == 0
+        good = [("authorization", f"Bearer {TOKEN}")]
+        assert process(rls.extproc_addr, miss(), metadata=good)[0] == grpc.StatusCode.OK
+        code, replies = process(rls.extproc_addr, [get()], metadata=good)
+        assert replies[-1].HasField("immediate_response")
+        assert "off loopback" not in rls.log()
+    finally:
+        rls.stop()
+
+
+@pytest.mark.parametrize("token", [False, True])
+def test_ext_proc_off_loopback_without_a_token_is_warned(tmp_path: Path, token: bool) -> None:
+    from conftest import free_port
+
+    port = free_port()
+    env = {"RLS_GRPC_TOKEN": TOKEN} if token else {}
+    rls = start_rls(tmp_path, "--extproc-addr", f"0.0.0.0:{port}", env=env)
+    try:
+        warned = "off loopback, and RLS_GRPC_TOKEN is not set" in rls.log()
+        assert warned is not token, rls.log()
+    finally:
+        rls.stop()
+
+
+# ------------------------------------------------------------------------ malformed input
+
+
+def _status_headers(status: bytes, extra: list[tuple[str, bytes]] | None = None,
+                    ) -> pb.ProcessingRequest:
+    req = pb.ProcessingRequest()
+    for name, value in [(":status", status), ("content-length", b"4"), *(extra or [])]:
+        header = req.response_headers.headers.headers.add()
+        header.key = name
+        header.raw_value = value
+    return req
+
+
+MALFORMED = {
+    "content_length_5000_digits": response_headers(headers=[("content-length", "9" * 5000)]),
+    "status_5000_digits": _status_headers(b"2" * 5000),
+    "status_not_utf8": _status_headers(b"\xb2\xb2\xb2"),  # latin-1 superscript digits
+    "status_two_digits": _status_headers(b"20"),
+    "status_absent": _status_headers(b"200"),  # replaced below: no header at all
+    "content_length_listed": response_headers(headers=[("content-length", "4, 4")]),
+    "header_name_300_bytes": _status_headers(b"200", [("x" * 300, b"v")]),
+}
+MALFORMED["status_absent"].response_headers.headers.Clear()
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_response_headers_pass_as_bypass(rls: RlsProcess, name: str) -> None:
+    before = cache_metric(rls, "rls_cache_bypasses_total", reason="malformed_header")
+    code, replies = process(rls.extproc_addr, [get(), MALFORMED[name], response_body(b"page")])
+    assert code == grpc.StatusCode.OK, name
+    assert [r.WhichOneof("response") for r in replies] == [
+        "request_headers", "response_headers", "response_body"]
+    assert x_cache(replies[1]) == b"BYPASS"
+    after = cache_metric(rls, "rls_cache_bypasses_total", reason="malformed_header")
+    assert after == before + 1
+    assert cache_metric(rls, "rls_cache_cacheable_misses_total", api="items") == 0
+    assert not is_hit(rls.extproc_addr)
+    assert_no_traceback(rls)
+
+
+def _bad_utf8_key() -> bytes:
+    raw = get().SerializeToString()
+    assert raw.count(b":path") == 1
+    return raw.replace(b":path", b"\xff\xfe\xfd\xfc\xfb")
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xff\xff\x0f garbage", b"\x0a", _bad_utf8_key()],
+                         ids=["garbage", "truncated", "header_name_not_utf8"])
+def test_undecodable_messages_end_the_stream_invalid_argument(rls: RlsProcess,
+                                                               raw: bytes) -> None:
+    code, replies = process_raw(rls.extproc_addr, [raw])
+    assert (code, replies) == (grpc.StatusCode.INVALID_ARGUMENT, [])
+    assert_no_traceback(rls)
+    assert_serving(rls)
+
+
+def test_mutated_messages_never_crash_a_stream(rls: RlsProcess) -> None:
+    """300 streams of Envoy's messages with random bytes changed, cut or inserted: each ends
+    OK or INVALID_ARGUMENT, and the log holds no traceback."""
+    rng = random.Random(24)
+    frames = [m.SerializeToString() for m in miss()]
+    seen: dict[grpc.StatusCode, int] = {}
+    for _ in range(300):
+        messages = []
+        for frame in frames:
+            data = bytearray(frame)
+            for _ in range(rng.randint(1, 4)):
+                at = rng.randrange(len(data))
+                choice = rng.random()
+                if choice < 0.6:
+                    data[at] = rng.randrange(256)
+                elif choice < 0.8:
+                    del data[at:]
+                    if not data:
+                        data.append(rng.randrange(256))
+                else:
+                    data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+            messages.append(bytes(data))
+        code, _ = process_raw(rls.extproc_addr, messages)
+        seen[code] = seen.get(code, 0) + 1
+    assert set(seen) <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, seen
+    assert_no_traceback(rls)
+    assert_serving(rls)
+
+
+def test_messages_over_16_mib_are_refused_and_memory_stays_bounded(rls: RlsProcess) -> None:
+    big = pb.ProcessingRequest()
+    big.response_body.body = b"x" * (17 << 20)
+    big.response_body.end_of_stream = True
+    raw = big.SerializeToString()
+    base = rss(rls.proc.pid)
+    for _ in range(8):
+        code, _ = process_raw(rls.extproc_addr, [get().SerializeToString(), raw], timeout=30)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    growth = rss(rls.proc.pid) - base
+    print(f"RSS growth after 8 x 17 MiB ext_proc messages: {growth / 2**20:.1f} MiB")
+    assert growth < RSS_GROWTH_LIMIT
+    assert_no_traceback(rls)
+    assert_serving(rls)
