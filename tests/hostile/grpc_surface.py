@@ -75,10 +75,15 @@ def assert_no_traceback(rls: RlsProcess) -> None:
     assert "Traceback" not in log and "Unexpected [" not in log, log[-4000:]
 
 
+def fresh_channel(addr: str) -> grpc.Channel:
+    """A channel on a connection of its own (grpc shares one per target by default)."""
+    return grpc.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
 def assert_serving(rls: RlsProcess, deadline: float = 10) -> None:
     """The process is alive and answers a health check on a fresh connection in time."""
     assert rls.proc.poll() is None, rls.log()[-4000:]
-    with grpc.insecure_channel(rls.grpc_addr) as channel:
+    with fresh_channel(rls.grpc_addr) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=deadline)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
