@@ -14,6 +14,7 @@ import grpc
 from conftest import ROOT, RlsProcess, free_port, http_get, wait_until
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from .helpers import metric
 
@@ -25,6 +26,7 @@ key_prefix: "h:"
 rules:
 - api: items
   methods: [GET]
+  key: {query: true}
   max_entry_bytes: 64KiB
 """
 # A process that grew past this while under attack is holding what it was sent.
@@ -61,6 +63,20 @@ def start_rls(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
         rls.stop()
         raise
     return rls
+
+
+def loop_lag_bound(rls: RlsProcess) -> float:
+    """The smallest bucket bound of rls_event_loop_lag_seconds that holds every late tick
+    so far: the longest event-loop stall, rounded up (inf: one above the last bucket)."""
+    body = http_get(rls.http_url + "/metrics")[1].decode()
+    buckets = []
+    for family in text_string_to_metric_families(body):
+        for s in family.samples:
+            if s.name == "rls_event_loop_lag_seconds_bucket":
+                buckets.append((float(s.labels["le"]), s.value))
+    buckets.sort()
+    total = buckets[-1][1]
+    return next(bound for bound, count in buckets if count == total)
 
 
 def rss(pid: int) -> int:
