@@ -1,32 +1,39 @@
 """`rls.counters.v1.Counters` over gRPC under hostile callers (issue 24 item 6), on a real
-`rls serve` with its counters in a real Redis: undecodable bytes, invalid UTF-8, oversized
-batches, fields out of range and random requests get INVALID_ARGUMENT (a batch: nothing
-charged), never UNKNOWN or a traceback. (`time_span` ranges per unit: the counters work of
-issue 24 item 2.)"""
+`rls serve` (one per module) with its counters in a real Redis: undecodable bytes, invalid
+UTF-8, oversized batches, fields out of range and random requests get INVALID_ARGUMENT (a
+batch: nothing charged), never UNKNOWN or a traceback. (`time_span` ranges per unit: the
+counters work of issue 24 item 2.)"""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
-from conftest import ROOT, RlsProcess
+from conftest import RlsProcess, start_redis
 
 from rls.counters.model import MAX_BATCH, MAX_DOMAIN_BYTES, MAX_HITS, MAX_KEY_BYTES
 from rls.counters.proto import counters_pb2
 
-from .grpc_surface import assert_no_traceback, assert_serving, code_of
+from .grpc_surface import assert_no_traceback, assert_serving, code_of, start_rls
 
 pb: Any = counters_pb2
 SERVICE = "/rls.counters.v1.Counters/"
 METHODS = ("Add", "Get", "BatchAdd", "BatchGet")
 
 
-@pytest.fixture
-def rls(rls_factory: Callable[..., RlsProcess], redis_url: str) -> RlsProcess:
-    return rls_factory(ROOT / "config" / "example.yaml", args=("--redis-url", redis_url))
+@pytest.fixture(scope="module")
+def rls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RlsProcess]:
+    """One process and one Redis for the module: no test here may charge `hostile`/`k`."""
+    redis = start_redis()
+    server = start_rls(tmp_path_factory.mktemp("counters"), "--redis-url", redis.url)
+    try:
+        yield server
+    finally:
+        server.stop()
+        redis.stop()
 
 
 def item(**fields: Any) -> Any:

@@ -24,7 +24,8 @@ from .grpc_surface import (
     assert_serving,
     code_of,
     fresh_channel,
-    loop_lag_bound,
+    longest_stall,
+    loop_lags,
     rss,
     start_rls,
 )
@@ -35,9 +36,10 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEALTH = health_pb2.HealthCheckRequest(service="")
 
 
-@pytest.fixture
-def rls(tmp_path: Path) -> Iterator[RlsProcess]:
-    server = start_rls(tmp_path)
+@pytest.fixture(scope="module")
+def rls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RlsProcess]:
+    """One process for the module: every check is on deltas or on a fresh connection."""
+    server = start_rls(tmp_path_factory.mktemp("grpc-surface"))
     yield server
     server.stop()
 
@@ -75,14 +77,14 @@ GARBAGE = {
 @pytest.mark.parametrize("listener", ["grpc", "extproc"])
 def test_garbage_bytes_leave_both_grpc_listeners_serving(rls: RlsProcess, listener: str) -> None:
     port = rls.grpc_port if listener == "grpc" else rls.extproc_port
-    base = rss(rls.proc.pid)
+    base, lags = rss(rls.proc.pid), loop_lags(rls)
     for _ in range(20):
         for payload in GARBAGE.values():
             send_raw(port, payload)
     assert_serving(rls)
     growth = rss(rls.proc.pid) - base
     print(f"RSS growth after 120 garbage connections ({listener}): {growth / 2**20:.1f} MiB; "
-          f"longest loop stall <= {loop_lag_bound(rls) * 1000:g} ms")
+          f"longest loop stall {longest_stall(rls, lags)}")
     assert growth < RSS_GROWTH_LIMIT
     assert_no_traceback(rls)
 
@@ -172,9 +174,9 @@ def test_a_thousand_open_streams_keep_memory_bounded(rls: RlsProcess) -> None:
     still decides on a fresh connection, and RSS grows by less than RSS_GROWTH_LIMIT."""
     request = rls_pb2.RateLimitRequest(domain="gateway", descriptors=[
         {"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}])
-    base = rss(rls.proc.pid)
+    base, lags = rss(rls.proc.pid), loop_lags(rls)
 
-    async def attack() -> tuple[float, float]:
+    async def attack() -> tuple[float, str]:
         channels = [grpc.aio.insecure_channel(rls.grpc_addr, options=[
             ("grpc.use_local_subchannel_pool", 1)]) for _ in range(10)]
         calls: list[Any] = []
@@ -199,7 +201,7 @@ def test_a_thousand_open_streams_keep_memory_bounded(rls: RlsProcess) -> None:
                     timeout=10)
             assert reply.overall_code in (rls_pb2.RateLimitResponse.OK,
                                           rls_pb2.RateLimitResponse.OVER_LIMIT)
-            return rss(rls.proc.pid) - base, loop_lag_bound(rls)
+            return rss(rls.proc.pid) - base, longest_stall(rls, lags)
         finally:
             for call in calls:
                 call.cancel()
@@ -208,7 +210,7 @@ def test_a_thousand_open_streams_keep_memory_bounded(rls: RlsProcess) -> None:
 
     growth, stall = asyncio.run(attack())
     print(f"RSS growth with 1,000 open streams: {growth / 2**20:.1f} MiB; "
-          f"longest loop stall <= {stall * 1000:g} ms")
+          f"longest loop stall {stall}")
     assert growth < RSS_GROWTH_LIMIT
     assert_serving(rls)
     assert_no_traceback(rls)
