@@ -6,6 +6,7 @@ INVALID_ARGUMENT, never a traceback; oversized messages are refused with memory 
 from __future__ import annotations
 
 import random
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,6 +133,16 @@ def test_ext_proc_off_loopback_without_a_token_is_warned(tmp_path: Path, token: 
         assert warned is not token, rls.log()
     finally:
         rls.stop()
+
+
+def test_a_taken_ext_proc_address_fails_the_start(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AssertionError) as failed:
+            start_rls(tmp_path, "--extproc-addr", f"127.0.0.1:{port}")
+    assert f"cannot listen on 127.0.0.1:{port} (ext_proc)" in str(failed.value)
 
 
 # ------------------------------------------------------------------------ malformed input
