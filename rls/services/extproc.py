@@ -33,6 +33,12 @@ body under flow control instead, and BUFFERED is requested only for a body known
 (chunked) is not cached unless the rule says `unknown_length: buffer`; BUFFERED_PARTIAL,
 which would suit it, hung on bodies over the limit.
 
+Who may call it: the servicer runs on a listener of its own, `--extproc-addr`, loopback by
+default, since every stream can write entries served to every user (server.py builds it;
+docs/cache.md, "Who can write to the cache"). Headers Envoy never sends (a 5,000-digit
+`:status`) are `malformed_header` bypasses (cache/entry.py, header_problem); a message that
+does not decode ends the stream INVALID_ARGUMENT.
+
 Envoy honours each `mode_override` only if `allow_mode_override` is on and
 `allowed_override_modes` lists the resulting mode in full, trailer modes included (see
 gateway-cache.yaml). When the stream ends with a cancel instead of a clean end, that is normal.
@@ -50,7 +56,6 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import duration_pb2
-from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry
 
 from rls.cache.cache import Fill, RequestKey, ResponseCache
@@ -69,6 +74,7 @@ from rls.cache.keys import Headers, select_rule
 from rls.cache.metrics import CacheMetrics
 from rls.cache.store import create_store
 from rls.cache.writer import WriteJob
+from rls.services.decoding import decode
 from rls.settings import is_loopback
 
 log = logging.getLogger("rls.cache")
@@ -124,8 +130,7 @@ class ExtProcService:
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
             {
-                # Raw bytes in: a message that does not decode is this servicer's
-                # INVALID_ARGUMENT, not grpc's UNKNOWN with a traceback (`_decode`).
+                # Raw bytes in, decoded by `process` (rls/services/decoding.py).
                 "Process": grpc.stream_stream_rpc_method_handler(
                     self.process,
                     response_serializer=pb.ProcessingResponse.SerializeToString,
@@ -149,9 +154,10 @@ class ExtProcService:
                 raw = await context.read()
                 if raw is grpc.aio.EOF:
                     return
-                request = _decode(raw)
-                if request is None:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED)
+                # Decoded here: an undecodable message is INVALID_ARGUMENT, not grpc's UNKNOWN
+                # with a traceback (tests' fake streams hand over decoded messages).
+                request = raw if isinstance(raw, pb.ProcessingRequest) else await decode(
+                    raw, pb.ProcessingRequest, context)
                 reply, job = await self._handle(st, request, ask_for_time)
                 if job is not None:
                     # Before the reply: once Envoy has it, it ends the stream and this handler
@@ -347,21 +353,6 @@ class ExtProcService:
         return reply, None
 
 
-MALFORMED = "malformed ProcessingRequest: not a decodable envoy.service.ext_proc.v3 message"
-
-
-def _decode(raw: bytes | pb.ProcessingRequest) -> pb.ProcessingRequest | None:
-    """The message, or None when it does not decode (a hostile or broken caller: Envoy's
-    messages always do). Already decoded messages (tests' fake streams) pass through."""
-    if isinstance(raw, pb.ProcessingRequest):
-        return raw
-    try:
-        return pb.ProcessingRequest.FromString(raw)
-    except DecodeError:
-        log.debug("ext_proc: undecodable message of %d bytes refused", len(raw))
-        return None
-
-
 def _set_weight(reply: pb.ProcessingResponse, weight: int) -> None:
     """`rls:hits` dynamic metadata, read by Envoy's ratelimit filter after ext_proc as
     `hits_addend: {format: "%DYNAMIC_METADATA(rls:hits)%"}`. Envoy keeps it only when the
@@ -423,7 +414,7 @@ def warn_if_open(addr: str, token: bool) -> None:
     log.warning(
         "ext_proc (response cache) listens on %s, off loopback, and RLS_GRPC_TOKEN is not set: "
         "anyone who reaches it can write cache entries that are served to your users "
-        "(docs/cache.md, \"Who can write\")", addr,
+        "(docs/cache.md, \"Who can write to the cache\")", addr,
     )
 
 
