@@ -38,7 +38,7 @@ FLAGS = {
     "grpc_addr": "gRPC listen address (RateLimitService, health)",
     "http_addr": "admin HTTP listen address",
     "redis_url": "redis://, rediss:// or unix:// URL; none = embedded in-memory backend",
-    "cache_config": "response cache rules: serves Envoy ext_proc on the gRPC port",
+    "cache_config": "response cache rules: serves Envoy ext_proc on --extproc-addr",
     "cache_store": "cache store URL (redis://, rediss://, ssdb://host:port); default: rules file",
     "workers": "worker processes sharing the gRPC port",
     "worker_max_failures": "--workers > 1: consecutive failures of one worker (restarted with "
@@ -84,6 +84,8 @@ FLAGS = {
     "decision_log": "write a JSON line per decision to this file, for `rls replay` (off: '')",
     "decision_log_sample": "fraction of callers (domain + descriptors) in the decision log",
     "decision_log_max_bytes": "decision log file size before it rotates (one backup kept)",
+    "extproc_addr": "ext_proc (response cache) listen address; --grpc-addr's value: same port",
+    "max_concurrent_streams": "concurrent gRPC streams per client connection",
 }
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"

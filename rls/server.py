@@ -13,7 +13,6 @@ from pathlib import Path
 
 import grpc
 from aiohttp import web
-from grpc_health.v1 import health_pb2_grpc
 
 from rls.admin.app import RUNNER_OPTIONS, AdminState, create_app
 from rls.admin.auth import admin_token
@@ -32,8 +31,8 @@ from rls.engine.top import TopTalkers, dumps_snapshot
 from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
 from rls.grpc_auth import interceptors
 from rls.metrics import Metrics
-from rls.services.extproc import build_cache
-from rls.services.health import create_health, set_serving
+from rls.services.extproc import EXTPROC_MAX_MESSAGE, build_cache, warn_if_open
+from rls.services.health import create_health, health_handler, set_serving
 from rls.services.quota import QuotaService
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
@@ -214,6 +213,7 @@ class Server:
         self.stop_requested = asyncio.Event()
         self.health = create_health()
         self.cache: ResponseCache | None = None
+        self.extproc: grpc.aio.Server | None = None  # ext_proc's own listener, if any
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
 
@@ -231,9 +231,13 @@ class Server:
         if server is None:
             return 1
         await server.start()
+        if self.extproc is not None:
+            await self.extproc.start()
         runner = await self._start_admin(counters)
         if runner is None:
             await server.stop(grace=None)
+            if self.extproc is not None:
+                await self.extproc.stop(grace=None)
             return 1
         self._log_listening()
         mark_ready()  # --workers: the supervisor counts this worker's stability from here
@@ -305,8 +309,9 @@ class Server:
         return counters
 
     async def _grpc_server(self, counters: CountersService) -> grpc.aio.Server | None:
-        """Every gRPC service on one port: RateLimitService, RLQS, counters, ext_proc (with a
-        cache config) and health (NOT_SERVING until the store accepted us)."""
+        """Every gRPC service on one port: RateLimitService, RLQS, counters and health
+        (NOT_SERVING until the store accepted us); ext_proc (with a cache config) on a listener
+        of its own (`self.extproc`), or on this one when --extproc-addr equals --grpc-addr."""
         settings, app = self.settings, self.app
         quota = QuotaService(app.holder.current, app.backend, settings, app.metrics.registry)
         handlers = [app.service.handler(), quota.handler(), CountersGrpc(counters).handler()]
@@ -321,26 +326,44 @@ class Server:
                 )
             except ConfigError as exc:
                 raise SystemExit(f"rls: {exc}") from None
-            handlers.append(extproc.handler())
             await _probe_cache_store(self.cache.store)
-            # Buffered bodies arrive in one message; RateLimitService checks its own limit.
-            max_message = max(max_message, 16 << 20)
+            if settings.extproc_addr == settings.grpc_addr:
+                handlers.append(extproc.handler())
+                max_message = max(max_message, EXTPROC_MAX_MESSAGE)
+            else:
+                self.extproc = self._grpc_listener(
+                    settings.extproc_addr, "ext_proc", EXTPROC_MAX_MESSAGE, (extproc.handler(),)
+                )
+                if self.extproc is None:
+                    return None
+            warn_if_open(settings.extproc_addr, bool(settings.grpc_token))
+        server = self._grpc_listener(settings.grpc_addr, "gRPC", max_message, tuple(handlers))
+        if server is not None:
+            await set_serving(self.health, False)  # until the store accepted us
+            server.add_generic_rpc_handlers((health_handler(self.health),))
+        return server
+
+    def _grpc_listener(
+        self, addr: str, what: str, max_message: int, handlers: tuple[grpc.GenericRpcHandler, ...]
+    ) -> grpc.aio.Server | None:
+        """A grpc.aio server on `addr` with the token check and the stream cap; None (logged)
+        when the address cannot be bound."""
+        settings = self.settings
         server = grpc.aio.server(
             interceptors=interceptors(settings.grpc_token),
             options=[
                 ("grpc.max_receive_message_length", max_message),
+                ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
                 # Shared ports only for --workers: otherwise a second rls on the port must fail.
                 ("grpc.so_reuseport", 1 if shared_dir() is not None else 0),
             ],
         )
-        server.add_generic_rpc_handlers(tuple(handlers))
-        await set_serving(self.health, False)  # until the store accepted us
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        server.add_generic_rpc_handlers(handlers)
         try:
-            port = server.add_insecure_port(settings.grpc_addr)
+            port = server.add_insecure_port(addr)
         except RuntimeError as exc:  # grpc raises when the address is taken
             port = 0
-            log.error("cannot listen on %s (gRPC): %s", settings.grpc_addr, exc)
+            log.error("cannot listen on %s (%s): %s", addr, what, exc)
         return server if port else None
 
     async def _start_admin(self, counters: CountersService) -> web.AppRunner | None:
@@ -372,7 +395,8 @@ class Server:
             self.settings.http_addr,
             self.app.backend.name,
             "uvloop" if "uvloop" in type(asyncio.get_running_loop()).__module__ else "asyncio",
-            ", response cache on" if self.cache is not None else "",
+            "" if self.cache is None else
+            f", response cache (ext_proc) on {self.settings.extproc_addr}",
         )
 
     def _start_background(self) -> None:
@@ -434,7 +458,10 @@ class Server:
         # has received but not yet handed to a handler when stop() begins (grpc/grpc#41785),
         # and load balancers need a moment to notice the readiness change.
         await asyncio.sleep(settings.shutdown_delay_ms / 1000)
-        await _bounded("the gRPC server's stop", server.stop(grace=settings.drain_seconds),
+        stops = [server.stop(grace=settings.drain_seconds)]
+        if self.extproc is not None:
+            stops.append(self.extproc.stop(grace=settings.drain_seconds))
+        await _bounded("the gRPC server's stop", asyncio.gather(*stops),
                        settings.drain_seconds + SHUTDOWN_STEP_S)
         if self.cache is not None:
             # lets pending stores finish (bounded), closes the store

@@ -93,6 +93,13 @@ class Settings:
     decision_log: str = ""
     decision_log_sample: float = 1.0  # fraction of callers (domain + descriptors) logged
     decision_log_max_bytes: int = 100 * 1024 * 1024  # per file; one rotated backup is kept
+    # ext_proc (the response cache, with --cache-config) has a listener of its own, on loopback
+    # by default: its calls write entries that are served to every user. Set it to the
+    # --grpc-addr value to serve ext_proc on the main gRPC port instead.
+    extproc_addr: str = "127.0.0.1:8082"
+    # Concurrent streams per HTTP/2 connection on every gRPC listener (a client that opens
+    # more waits for one to end; Envoy opens another connection).
+    max_concurrent_streams: int = 1024
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
@@ -114,7 +121,7 @@ class Settings:
         for name in ("fallback_share", "near_limit_ratio", "decision_log_sample"):
             if not 0 <= getattr(self, name) <= 1:
                 raise SettingError(name, f"{getattr(self, name)!r} is not between 0 and 1")
-        for name in ("grpc_addr", "http_addr"):
+        for name in ("grpc_addr", "http_addr", "extproc_addr"):
             _check_addr(name, getattr(self, name))
         if not (self.admin_insecure or os.environ.get("RLS_ADMIN_TOKEN")):
             if not is_loopback(self.http_addr):
@@ -150,8 +157,8 @@ def _check_url(name: str, url: str, schemes: tuple[str, ...]) -> None:
 
 
 def _check_addr(name: str, addr: str) -> None:
-    """`host:port` (host may be empty or `[v6]`); gRPC also takes `unix:` socket paths."""
-    if name == "grpc_addr" and addr.startswith(("unix:", "unix-abstract:")):
+    """`host:port` (host may be empty or `[v6]`); gRPC listeners also take `unix:` paths."""
+    if name != "http_addr" and addr.startswith(("unix:", "unix-abstract:")):
         return
     _, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
@@ -199,6 +206,7 @@ MINIMUM: dict[str, float] = {
     "max_value_bytes": 1,
     "max_request_bytes": 1,
     "decision_log_max_bytes": 1024,
+    "max_concurrent_streams": 1,
 }
 
 

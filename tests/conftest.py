@@ -62,10 +62,15 @@ class RlsProcess:
     grpc_port: int
     http_port: int
     log_path: Path
+    extproc_port: int = 0  # --extproc-addr (the response cache's ext_proc listener)
 
     @property
     def grpc_addr(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def extproc_addr(self) -> str:
+        return f"127.0.0.1:{self.extproc_port}"
 
     @property
     def http_url(self) -> str:
@@ -94,10 +99,11 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
 
     def start(*config: str | Path, args: tuple[str, ...] = (), env: dict[str, str] | None = None,
               wait_healthy: bool = True) -> RlsProcess:
-        grpc_port, http_port = free_port(), free_port()
+        grpc_port, http_port, extproc_port = free_port(), free_port(), free_port()
         cmd = [sys.executable, "-m", "rls", "serve",
                "--grpc-addr", f"127.0.0.1:{grpc_port}",
-               "--http-addr", f"127.0.0.1:{http_port}"]
+               "--http-addr", f"127.0.0.1:{http_port}",
+               "--extproc-addr", f"127.0.0.1:{extproc_port}"]
         for c in config:
             cmd += ["--config", str(c)]
         cmd += list(args)
@@ -107,7 +113,7 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
                                     cwd=str(ROOT))
-        rls = RlsProcess(proc, grpc_port, http_port, log_path)
+        rls = RlsProcess(proc, grpc_port, http_port, log_path, extproc_port)
         started.append(rls)
         if wait_healthy:
             try:

@@ -138,7 +138,58 @@ def never_store_reason(rule: CacheRule, status: int, headers: Headers) -> str | 
     names = vary_names(headers)
     if names is None or not names <= rule.vary:
         return "vary"
-    length = headers.get("content-length")
-    if length is not None and length.strip().isdigit() and int(length) > rule.max_entry_bytes:
+    length = content_length(headers)
+    if length is not None and length > rule.max_entry_bytes:
         return "too_large"
     return None
+
+
+# Bounds of the envelope (u8 name length, u16 header count) and of a sane Content-Length.
+MAX_NAME_BYTES = 255
+MAX_HEADERS = 65535
+MAX_LENGTH_DIGITS = 19
+
+
+def status_code(headers: Headers) -> int | None:
+    """`:status` when it is three ASCII digits (RFC 9110 §15), else None."""
+    raw = headers.get(":status")
+    if raw is None or len(raw) != 3 or not raw.isdigit():  # bytes.isdigit: ASCII only
+        return None
+    return int(raw)
+
+
+def content_length(headers: Headers) -> int | None:
+    """Content-Length when present and 1 to 19 ASCII digits, else None (see header_problem)."""
+    raw = headers.get("content-length")
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not 0 < len(text) <= MAX_LENGTH_DIGITS or not text.isdigit():
+        return None
+    return int(text)
+
+
+def header_problem(headers: Headers) -> str | None:
+    """What makes these response headers impossible to judge or to store, or None.
+
+    Envoy never sends such headers, but anyone who can open an ext_proc stream can (a
+    5,000-digit `:status` once ended the stream with a traceback, through int()). The caller
+    treats them as not cacheable (`malformed_header`) and lets the response pass unchanged.
+    """
+    if status_code(headers) is None:
+        return f":status {_shown(headers.get(':status'))} is not three digits"
+    if headers.has("content-length") and content_length(headers) is None:
+        return f"content-length {_shown(headers.get('content-length'))} is not a length"
+    if len(headers.items) > MAX_HEADERS:
+        return f"{len(headers.items)} headers (at most {MAX_HEADERS} can be stored)"
+    for name, _ in headers.items:
+        if len(name.encode()) > MAX_NAME_BYTES:
+            return f"a header name of {len(name.encode())} bytes (at most {MAX_NAME_BYTES})"
+    return None
+
+
+def _shown(value: bytes | None) -> str:
+    """A header value for a log line: at most 20 bytes, escaped."""
+    if value is None:
+        return "(absent)"
+    return repr(value[:20]) + ("…" if len(value) > 20 else "")

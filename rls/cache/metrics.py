@@ -40,6 +40,7 @@ BYPASS_REASONS = (
     "too_large",  # Content-Length or buffered body over max_entry_bytes
     "unknown_length",  # no Content-Length and the rule does not buffer such bodies
     "partial_body",  # response_body with end_of_stream false
+    "malformed_header",  # :status or Content-Length no HTTP peer sends (a hostile caller)
 )
 ERROR_OPS = ("version", "get", "set", "expire", "purge", "decode")
 WRITE_KINDS = ("store", "refresh")

@@ -16,6 +16,7 @@ from rls.counters.model import MAX_BATCH, InvalidItem, Item, Result, make_item
 from rls.counters.proto import counters_pb2
 from rls.counters.service import CountersService
 from rls.counters.stores import CounterStoreError
+from rls.services import decoding
 
 pb: Any = counters_pb2  # generated module: no type information
 
@@ -108,13 +109,8 @@ class CountersGrpc:
         return batch_response(await self.service.get(items))
 
     def handler(self) -> grpc.GenericRpcHandler:
-        def unary(fn: Any, req_type: Any, resp_type: Any) -> Any:
-            return grpc.unary_unary_rpc_method_handler(
-                fn,
-                request_deserializer=req_type.FromString,
-                response_serializer=resp_type.SerializeToString,
-            )
-
+        # Decoded by the handler: undecodable bytes are INVALID_ARGUMENT (rls/services/decoding.py)
+        unary = decoding.unary_unary
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
             {

@@ -16,6 +16,7 @@ from rls.demo.errors import DemoError
 LISTENER_PORT = 10000
 ENVOY_ADMIN_PORT = 9901
 GRPC_PORT = 8081
+EXTPROC_PORT = 8082  # envoy/gateway-cache.yaml's cache_service (rls --extproc-addr)
 HTTP_PORT = 8080
 BACKEND_PORT = 9001
 
@@ -54,12 +55,13 @@ class Ports:
     grpc: int
     http: int  # rls admin; Envoy's configs do not name it
     backends: list[int]
+    extproc: int = EXTPROC_PORT  # rls's ext_proc listener (the --cache demo)
 
     def mapping(self, upstream: list[int]) -> dict[int, int]:
         """Default port -> this run's port, for `rewrite_ports` on the Envoy config
         (`upstream`: the config's backend endpoint ports, in order)."""
         mapping = {LISTENER_PORT: self.listener, ENVOY_ADMIN_PORT: self.envoy_admin,
-                   GRPC_PORT: self.grpc}
+                   GRPC_PORT: self.grpc, EXTPROC_PORT: self.extproc}
         mapping.update(dict(zip(upstream, self.backends, strict=True)))
         return mapping
 
@@ -68,7 +70,7 @@ def choose_ports(args: argparse.Namespace, n_backends: int) -> Ports:
     """Free ports (`--free-ports`), else the port flags, all checked free up front."""
     if args.free_ports:
         return Ports(free_port(), free_port(), free_port(), free_port(),
-                     [free_port() for _ in range(n_backends)])
+                     [free_port() for _ in range(n_backends)], free_port())
     ports = Ports(args.listener_port, args.envoy_admin_port, args.grpc_port, args.http_port,
                   [args.backend_port + i for i in range(n_backends)])
     roles = {"listener": ports.listener, "envoy_admin": ports.envoy_admin,
@@ -76,6 +78,8 @@ def choose_ports(args: argparse.Namespace, n_backends: int) -> Ports:
     taken = [f"{port} ({_FLAGS[role]})" for role, port in roles.items()
              if not port_is_free(port)]
     taken += [f"{port} (--backend-port)" for port in ports.backends if not port_is_free(port)]
+    if args.cache and not port_is_free(ports.extproc):
+        taken.append(f"{ports.extproc} (rls ext_proc)")
     if taken:
         raise DemoError(
             f"port(s) in use on 127.0.0.1: {', '.join(taken)}; stop what uses them, or "

@@ -95,6 +95,7 @@ class Demo:
     children: list[Child] = field(default_factory=list)
     servers: list[ThreadingHTTPServer] = field(default_factory=list)
     cache: bool = False  # --cache: Envoy's ext_proc response cache served by rls
+    extproc: int = 0  # rls's ext_proc listener port (--cache)
 
     @property
     def admin_url(self) -> str:

@@ -78,7 +78,7 @@ def _plan(args: argparse.Namespace, config: dict[str, Any]) -> Demo:
     rewrite_ports(config, ports.mapping(upstream))
     workdir = Path(tempfile.mkdtemp(prefix="rls-demo-"))
     return Demo(ports.listener, ports.envoy_admin, ports.grpc, ports.http, ports.backends,
-                api_keys(config), workdir, cache=args.cache)
+                api_keys(config), workdir, cache=args.cache, extproc=ports.extproc)
 
 
 def _start_rls(demo: Demo, args: argparse.Namespace, files: list[Path],
@@ -94,7 +94,8 @@ def _start_rls(demo: Demo, args: argparse.Namespace, files: list[Path],
         cmd += ["--config", str(path)]
     if args.cache:
         # The demo's store is this process's memory whatever the rules file says.
-        cmd += ["--cache-config", str(cache_rules), "--cache-store", "memory://"]
+        cmd += ["--cache-config", str(cache_rules), "--cache-store", "memory://",
+                "--extproc-addr", f"127.0.0.1:{demo.extproc}"]
     rls = spawn("rls", cmd, demo.workdir, env)
     demo.children.append(rls)
     print(f"rls: {' '.join(p.name for p in files)} (memory backend"

@@ -33,6 +33,12 @@ body under flow control instead, and BUFFERED is requested only for a body known
 (chunked) is not cached unless the rule says `unknown_length: buffer`; BUFFERED_PARTIAL,
 which would suit it, hung on bodies over the limit.
 
+Who may call it: the servicer runs on a listener of its own, `--extproc-addr`, loopback by
+default, since every stream can write entries served to every user (server.py builds it;
+docs/cache.md, "Who can write to the cache"). Headers Envoy never sends (a 5,000-digit
+`:status`) are `malformed_header` bypasses (cache/entry.py, header_problem); a message that
+does not decode ends the stream INVALID_ARGUMENT.
+
 Envoy honours each `mode_override` only if `allow_mode_override` is on and
 `allowed_override_modes` lists the resulting mode in full, trailer modes included (see
 gateway-cache.yaml). When the stream ends with a cancel instead of a clean end, that is normal.
@@ -54,12 +60,22 @@ from prometheus_client import CollectorRegistry
 
 from rls.cache.cache import Fill, RequestKey, ResponseCache
 from rls.cache.config import CacheConfig, CacheRule, load_cache_config
-from rls.cache.entry import Entry, cache_control, never_store_reason, storable_headers, vary_names
+from rls.cache.entry import (
+    Entry,
+    cache_control,
+    header_problem,
+    never_store_reason,
+    status_code,
+    storable_headers,
+    vary_names,
+)
 from rls.cache.jsonbody import Body, body_weight, key_members
 from rls.cache.keys import Headers, select_rule
 from rls.cache.metrics import CacheMetrics
 from rls.cache.store import create_store
 from rls.cache.writer import WriteJob
+from rls.services.decoding import decode
+from rls.settings import is_loopback
 
 log = logging.getLogger("rls.cache")
 
@@ -79,6 +95,8 @@ RESPONSE_BODY = _PM(response_header_mode=_PM.SEND, response_body_mode=_PM.BUFFER
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _APPEND = base_pb2.HeaderValueOption.APPEND_IF_EXISTS_OR_ADD
 WAIT_HEADROOM = 0.1  # asked of Envoy on top of the coalescing wait, for the lookup after it
+# Buffered bodies arrive in one message: room for a body at Envoy's buffer limits.
+EXTPROC_MAX_MESSAGE = 16 << 20
 
 
 @dataclass(slots=True)
@@ -112,9 +130,9 @@ class ExtProcService:
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
             {
+                # Raw bytes in, decoded by `process` (rls/services/decoding.py).
                 "Process": grpc.stream_stream_rpc_method_handler(
                     self.process,
-                    request_deserializer=pb.ProcessingRequest.FromString,
                     response_serializer=pb.ProcessingResponse.SerializeToString,
                 )
             },
@@ -133,9 +151,13 @@ class ExtProcService:
 
         try:
             while True:
-                request = await context.read()
-                if request is grpc.aio.EOF:
+                raw = await context.read()
+                if raw is grpc.aio.EOF:
                     return
+                # Decoded here: an undecodable message is INVALID_ARGUMENT, not grpc's UNKNOWN
+                # with a traceback (tests' fake streams hand over decoded messages).
+                request = raw if isinstance(raw, pb.ProcessingRequest) else await decode(
+                    raw, pb.ProcessingRequest, context)
                 reply, job = await self._handle(st, request, ask_for_time)
                 if job is not None:
                     # Before the reply: once Envoy has it, it ends the stream and this handler
@@ -266,9 +288,13 @@ class ExtProcService:
     def _response_headers(self, st: _Stream, msg: pb.HttpHeaders) -> Reply:
         assert st.rule is not None
         headers = Headers.from_proto(msg.headers)
-        status_text = headers.text(":status")
-        status = int(status_text) if status_text.isdigit() else 0
-        reason = never_store_reason(st.rule, status, headers)
+        problem = header_problem(headers)
+        status = status_code(headers) or 0
+        if problem is not None:
+            log.debug("response headers not cacheable: %s", problem)
+            reason: str | None = "malformed_header"
+        else:
+            reason = never_store_reason(st.rule, status, headers)
         st.phase = "done"
         if reason is None and not msg.end_of_stream and not headers.has("content-length") \
                 and not st.rule.buffer_unknown_length:
@@ -379,6 +405,17 @@ def _attributes(request: pb.ProcessingRequest) -> dict[str, Any]:
         elif which == "bool_value":
             out[name] = "true" if value.bool_value else "false"
     return out
+
+
+def warn_if_open(addr: str, token: bool) -> None:
+    """ext_proc calls write entries served to every user: say so when anyone may make them."""
+    if token or addr.startswith(("unix:", "unix-abstract:")) or is_loopback(addr):
+        return
+    log.warning(
+        "ext_proc (response cache) listens on %s, off loopback, and RLS_GRPC_TOKEN is not set: "
+        "anyone who reaches it can write cache entries that are served to your users "
+        "(docs/cache.md, \"Who can write to the cache\")", addr,
+    )
 
 
 def build_cache(

@@ -26,6 +26,7 @@ from conftest import free_port
 from .harness import (
     ADMIN_PORT,
     BACKEND_PORTS,
+    EXTPROC_PORT,
     LISTENER_PORT,
     RLS_PORT,
     Backend,
@@ -196,7 +197,8 @@ def _start_stack(store: StoreProcess, workdir: Path, envoy_binary: str) -> Stack
     try:
         server = stack.server = CacheServer(rules, store.url)
         listener, admin = free_port(), free_port()
-        ports = {LISTENER_PORT: listener, ADMIN_PORT: admin, RLS_PORT: server.grpc_port}
+        ports = {LISTENER_PORT: listener, ADMIN_PORT: admin, RLS_PORT: server.grpc_port,
+                 EXTPROC_PORT: server.grpc_port}
         ports.update({p: stack.backend.port for p in BACKEND_PORTS})
         config = gateway_config(ports, BUFFER_LIMIT)
         _set_message_timeouts(config)

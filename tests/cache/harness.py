@@ -39,7 +39,9 @@ T = TypeVar("T")
 request = http_request  # one HTTP helper for both e2e suites
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "envoy" / "gateway-cache.yaml"
-RLS_PORT, LISTENER_PORT, ADMIN_PORT = 8081, 10000, 9901
+# The gateway's rate-limit and ext_proc ports (rls serve: --grpc-addr, --extproc-addr); the
+# harness serves both on one port.
+RLS_PORT, EXTPROC_PORT, LISTENER_PORT, ADMIN_PORT = 8081, 8082, 10000, 9901
 BACKEND_PORTS = (9001, 9002, 9003)
 
 

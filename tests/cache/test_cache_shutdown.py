@@ -71,7 +71,7 @@ def start_with_pending_write(rls_factory: Callable[..., RlsProcess], tmp_path: P
     rls = rls_factory(ROOT / "config" / "example.yaml", args=("--cache-config", str(rules)),
                       env={"RLS_SHUTDOWN_DELAY_MS": "0"})
     redis.client().execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
-    replies = miss_through_ext_proc(rls.grpc_addr)
+    replies = miss_through_ext_proc(rls.extproc_addr)
     assert [r.WhichOneof("response") for r in replies] == [
         "request_headers", "response_headers", "response_body"
     ]

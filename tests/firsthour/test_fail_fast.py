@@ -99,6 +99,8 @@ BAD_SETTINGS = [
     (["--cache-config", "config/cache.yaml", "--cache-store", "memcache://x"], {},
      "--cache-store"),
     (["--cache-config", "/nonexistent/cache.yaml"], {}, "--cache-config"),
+    (["--extproc-addr", "localhost"], {}, "--extproc-addr"),
+    (["--max-concurrent-streams", "0"], {}, "--max-concurrent-streams"),
 ]
 
 

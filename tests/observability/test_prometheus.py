@@ -134,9 +134,9 @@ def _story(rls: Any, redis: Any, prom: Any) -> None:
                timeout=10, what="the limit's series scraped at 0")
     run_workload(rls.grpc_addr)
     for page in range(3):
-        assert cache_get(rls.grpc_addr, "items", f"/items?page={page}") == "miss"
+        assert cache_get(rls.extproc_addr, "items", f"/items?page={page}") == "miss"
     for page in range(3):
-        wait_until(lambda p=page: cache_get(rls.grpc_addr, "items", f"/items?page={p}") == "hit",
+        wait_until(lambda p=page: cache_get(rls.extproc_addr, "items", f"/items?page={p}") == "hit",
                    timeout=5, what="a cache hit after the miss was stored")
 
     # Redis stalls for 1.5 s: calls without a caller deadline wait out rls's 50 ms store budget
@@ -154,7 +154,7 @@ def _story(rls: Any, redis: Any, prom: Any) -> None:
     redis.stop()
     calls(rls.grpc_addr, 20, "frank")
     for page in range(5):
-        assert cache_get(rls.grpc_addr, "items", f"/items?page=x{page}") == "upstream"
+        assert cache_get(rls.extproc_addr, "items", f"/items?page=x{page}") == "upstream"
 
 
 def _assert_everything_has_data(prom: Any) -> None:
