@@ -31,6 +31,12 @@ class QuotaMetrics:
         )
         self.errors = Counter(
             "rls_quota_errors",
-            "RLQS problems by reason (backend, invalid, bucket_cap, unsupported)",
+            "RLQS problems by reason (backend, invalid, bucket_cap, bucket_id_size, stalled, "
+            "unsupported)",
             ["reason"], registry=registry,
+        )
+        self.queued_bytes = Gauge(
+            "rls_quota_queued_bytes",
+            "Bytes of RLQS answers queued for clients that have not read them yet",
+            registry=registry, multiprocess_mode="livesum",
         )
