@@ -73,7 +73,7 @@ PUSH_RETRY_MS = 1000  # a push the store failed is tried again this much later
 FORGET_AFTER_MS = int(3 * REPORT_CADENCE_S * 1000)  # Envoy lists every bucket it holds
 MAX_BUCKETS_PER_STREAM = 20_000
 RESPONSE_ACTIONS = 2_000  # per response message (~150 KB), whatever the report's size
-SLICE_BUCKETS = 64  # buckets dealt concurrently (one pipelined Redis round trip) per slice
+SLICE_BUCKETS = 32  # buckets dealt concurrently (one pipelined Redis round trip) per slice
 STORE_TIMEOUT_MS = 250  # off the request path: a report may wait longer than a decision
 ROOM_POLL_S = 1.0  # a stream waiting for queue room looks at its own stall this often
 
