@@ -40,7 +40,7 @@ import logging
 import math
 import os
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -55,6 +55,7 @@ from rls.engine.checks import match_targets
 from rls.quota.limits import QuotaLimits
 from rls.quota.match import order_bucket
 from rls.quota.metrics import QuotaMetrics
+from rls.quota.outbox import Outbox, OutboxPool, Stalled
 from rls.quota.share import REPORT_CADENCE_S, Dealer, Grant, Ledger, demand_target, undealable
 from rls.settings import Settings
 from rls.stores.base import Backend, BackendError
@@ -75,7 +76,7 @@ MAX_BUCKETS_PER_STREAM = 20_000
 RESPONSE_ACTIONS = 2_000  # per response message (~150 KB), whatever the report's size
 SLICE_BUCKETS = 32  # buckets dealt concurrently (one pipelined Redis round trip) per slice
 STORE_TIMEOUT_MS = 250  # off the request path: a report may wait longer than a decision
-ROOM_POLL_S = 1.0  # a stream waiting for queue room looks at its own stall this often
+ROOM_POLL_S = 1.0  # a stream whose client does not read retries its window pushes this often
 
 ALLOW_ALL = ratelimit_strategy_pb2.RateLimitStrategy.ALLOW_ALL
 DENY_ALL = ratelimit_strategy_pb2.RateLimitStrategy.DENY_ALL
@@ -173,9 +174,8 @@ class QuotaService:
         self.unmatched_rule = ALLOW_ALL if mode == "allow" else DENY_ALL
         self._warned: set[str] = set()
         self.streams: set[QuotaStream] = set()
-        self.queued_bytes = 0  # answers queued over all streams, not yet taken by gRPC
+        self.outboxes = OutboxPool(self.limits.queue_bytes, self.metrics.queued_bytes.inc)
         self.bucket_bytes = 0  # bucket ids kept over all streams (and orphans)
-        self.room = asyncio.Condition()  # notified whenever queued answers are taken
         self.draining = False
         # Buckets of ended streams, by (domain, bucket), until adopted or released.
         self.orphans: OrderedDict[tuple[str, BucketKey], tuple[float, Bucket]] = OrderedDict()
@@ -198,23 +198,13 @@ class QuotaService:
         try:
             status = await session.run(requests, context.write)
         finally:
-            self.streams.discard(session)
-            self.metrics.streams.dec()
-            await session.close()
+            try:
+                await session.close()
+            finally:
+                self.streams.discard(session)  # after close: drain() waits for the release
+                self.metrics.streams.dec()
         if status is not None:
             await context.abort(*status)
-
-    # -- queue accounting (called by the streams) ---------------------------------------------
-
-    def queued(self, delta: int) -> None:
-        self.queued_bytes += delta
-        self.metrics.queued_bytes.inc(delta)
-        if delta < 0:
-            self.spawn(self._notify_room())
-
-    async def _notify_room(self) -> None:
-        async with self.room:
-            self.room.notify_all()
 
     def spawn(self, step: Awaitable[None]) -> None:
         task = asyncio.ensure_future(step)
@@ -246,6 +236,7 @@ class QuotaService:
         if entry is None:
             return None
         self.forget_bytes(entry[1])  # counted again by the stream that takes it
+        entry[1].due_ms = 0  # not on the new stream's push heap yet
         for ledger in entry[1].ledgers:
             self.dealer.join(ledger)
         return entry[1]
@@ -348,13 +339,10 @@ class QuotaStream:
         self._due: list[tuple[int, int, BucketKey]] = []  # heap of (due ms, seq, bucket)
         self._seq = 0
         self._lock = asyncio.Lock()
-        self._out: deque[bytes] = deque()
-        self.queued_bytes = 0
-        self._progress = time.monotonic()  # last time an answer was taken (or the queue began)
-        self._ready = asyncio.Event()
+        self._out = Outbox(service.outboxes, self.limits.stream_queue_bytes,
+                           self.limits.stalled_s)
         self._wake = asyncio.Event()
         self._ended = asyncio.Event()
-        self._reading = True
         self.status: Status | None = None
         self.warned_id = False
 
@@ -386,10 +374,7 @@ class QuotaStream:
     async def close(self) -> None:
         """After the stream: drop unsent answers; leave the buckets' reservations to the next
         stream (or, draining, give them back)."""
-        if self.queued_bytes:
-            self.service.queued(-self.queued_bytes)
-            self.queued_bytes = 0
-        self._out.clear()
+        self._out.drop()
         buckets = list(self.buckets.items())
         self.buckets.clear()
         self._seen.clear()
@@ -423,60 +408,37 @@ class QuotaStream:
             log.exception("quota stream (domain %r) failed; Envoy will reconnect", self.domain)
             self.end((grpc.StatusCode.INTERNAL, "rls failed on this stream; see its log"))
             return
-        self._reading = False
-        self._ready.set()
+        self._out.close()
 
     async def _write(self, write: Callable[[bytes], Awaitable[None]]) -> None:
-        while True:
-            while not self._out:
-                if not self._reading:
-                    self.end()
-                    return
-                self._ready.clear()
-                await self._ready.wait()
-            data = self._out[0]
+        while (data := await self._out.next()) is not None:
             await write(data)
-            self._out.popleft()
-            self._progress = time.monotonic()
-            self.queued_bytes -= len(data)
-            self.service.queued(-len(data))
+            self._out.taken()
+        self.end()  # the client ended its side and every answer went out
 
     def send(self, data: bytes) -> None:
-        if not self._out:
-            self._progress = time.monotonic()
-        self._out.append(data)
-        self.queued_bytes += len(data)
-        self.service.queued(len(data))
-        self._ready.set()
+        self._out.put(data)
 
-    def _stalled(self) -> bool:
-        return bool(self._out) and time.monotonic() - self._progress > self.limits.stalled_s
-
-    def _over(self) -> bool:
-        return (
-            self.queued_bytes > self.limits.stream_queue_bytes
-            or self.service.queued_bytes > self.limits.queue_bytes
-        )
+    def _end_stalled(self) -> None:
+        self.metrics.errors.labels("stalled").inc()
+        log.warning("quota stream (domain %r) ended: %d bytes of answers unread for %g s",
+                    self.domain, self._out.bytes, self.limits.stalled_s)
+        self.end((grpc.StatusCode.RESOURCE_EXHAUSTED,
+                  f"answers unread for {self.limits.stalled_s:g} s (RLS_QUOTA_STALLED_S); "
+                  "read them to keep the stream"))
 
     async def _wait_room(self) -> None:
         """Flow control: read nothing more while this stream's unread answers, or all streams'
         together, are over their caps; end the stream when its client stopped reading."""
         if self._ended.is_set():
             raise _StreamEnded
-        while self._over():
-            if self._stalled():
-                self.metrics.errors.labels("stalled").inc()
-                log.warning("quota stream (domain %r) ended: %d bytes of answers unread for "
-                            "%g s", self.domain, self.queued_bytes, self.limits.stalled_s)
-                self.end((grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"answers unread for {self.limits.stalled_s:g} s "
-                          f"(RLS_QUOTA_STALLED_S); read them to keep the stream"))
-                raise _StreamEnded
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(ROOM_POLL_S), self.service.room:
-                    await self.service.room.wait()
-            if self._ended.is_set():
-                raise _StreamEnded
+        try:
+            await self._out.room()
+        except Stalled:
+            self._end_stalled()
+            raise _StreamEnded from None
+        if self._ended.is_set():
+            raise _StreamEnded
 
     async def _breathe(self, slicer: _Slicer) -> None:
         """Between slices: let every other caller run, and respect the queue caps."""
@@ -530,14 +492,7 @@ class QuotaStream:
         """One bucket of a report: answered now, or its store job for the slice's deal."""
         size = usage.bucket_id.ByteSize()
         if size > self.limits.bucket_id_bytes:
-            self.metrics.errors.labels("bucket_id_size").inc()
-            if not self.warned_id:
-                self.warned_id = True
-                log.warning("quota: bucket id of %d bytes refused (abandon_action; limit "
-                            "RLS_QUOTA_BUCKET_ID_BYTES=%d), domain %r", size,
-                            self.limits.bucket_id_bytes, self.domain)
-            answer.add(_abandon(usage.bucket_id))
-            self.metrics.assignments.labels("abandon").inc()
+            self._refuse(usage.bucket_id, size, answer)
             return None
         items = dict(usage.bucket_id.bucket)
         if not items:
@@ -551,25 +506,10 @@ class QuotaStream:
         bucket = self.buckets.get(key)
         new = bucket is None
         if bucket is None:
-            if (
-                len(self.buckets) >= MAX_BUCKETS_PER_STREAM
-                or self.id_bytes + size > self.limits.stream_bucket_bytes
-                or self.service.bucket_bytes + size > self.limits.bucket_bytes
-            ):
-                self.metrics.errors.labels("bucket_cap").inc()
+            bucket, new = self._open(usage.bucket_id, key, size)
+            if bucket is None:
                 answer.add(_blanket(usage.bucket_id, self._failure_rule(dom), FAILURE_TTL_S))
                 return None
-            bucket = self.service.adopt(self.domain, key)
-            if bucket is not None:
-                new = False  # its reservation comes back: settled like any next report
-            else:
-                bucket = Bucket(rlqs_pb2.BucketId(), key)
-                bucket.bucket_id.CopyFrom(usage.bucket_id)
-            bucket.id_bytes = size
-            self.id_bytes += size
-            self.service.bucket_bytes += size
-            self.buckets[key] = bucket
-            self.metrics.buckets.inc()
         self._seen.pop(key, None)
         self._seen[key] = now
         self._resolve(bucket, config, dom, items)
@@ -599,6 +539,41 @@ class QuotaStream:
         last = bucket.last_report_ms
         bucket.last_report_ms = now
         return bucket, self.dealer.report(bucket.ledgers, allowed, bucket.target, last)
+
+    def _refuse(self, bucket_id: rlqs_pb2.BucketId, size: int, answer: _Answer) -> None:
+        """A bucket id over the byte cap: Envoy is told to forget it; nothing is kept."""
+        self.metrics.errors.labels("bucket_id_size").inc()
+        if not self.warned_id:
+            self.warned_id = True
+            log.warning("quota: bucket id of %d bytes refused (abandon_action; limit "
+                        "RLS_QUOTA_BUCKET_ID_BYTES=%d), domain %r", size,
+                        self.limits.bucket_id_bytes, self.domain)
+        answer.add(_abandon(bucket_id))
+        self.metrics.assignments.labels("abandon").inc()
+
+    def _open(
+        self, bucket_id: rlqs_pb2.BucketId, key: BucketKey, size: int
+    ) -> tuple[Bucket | None, bool]:
+        """A bucket new to this stream: taken over from an ended stream (not new then: its
+        reservation is settled like at any report), or made; None beyond the caps."""
+        if (
+            len(self.buckets) >= MAX_BUCKETS_PER_STREAM
+            or self.id_bytes + size > self.limits.stream_bucket_bytes
+            or self.service.bucket_bytes + size > self.limits.bucket_bytes
+        ):
+            self.metrics.errors.labels("bucket_cap").inc()
+            return None, True
+        bucket = self.service.adopt(self.domain, key)
+        new = bucket is None
+        if bucket is None:
+            bucket = Bucket(rlqs_pb2.BucketId(), key)
+            bucket.bucket_id.CopyFrom(bucket_id)
+        bucket.id_bytes = size
+        self.id_bytes += size
+        self.service.bucket_bytes += size
+        self.buckets[key] = bucket
+        self.metrics.buckets.inc()
+        return bucket, new
 
     async def _deal(
         self,
@@ -759,9 +734,9 @@ class QuotaStream:
             times.append(self._due[0][0])
         if self._seen:
             times.append(next(iter(self._seen.values())) + FORGET_AFTER_MS + 1)
-        if self._out:
-            left = self._progress + self.limits.stalled_s - time.monotonic()
-            times.append(self.dealer.now_ms() + max(left, 0) * 1000 + 1)
+        stall = self._out.stall_deadline()
+        if stall is not None:
+            times.append(self.dealer.now_ms() + max(stall - time.monotonic(), 0) * 1000 + 1)
         return min(times) if times else None
 
     async def _push_forever(self) -> None:
@@ -775,12 +750,12 @@ class QuotaStream:
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
                     continue
-            if self._stalled() and self._over():
-                self.metrics.errors.labels("stalled").inc()
-                self.end((grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"answers unread for {self.limits.stalled_s:g} s "
-                          "(RLS_QUOTA_STALLED_S); read them to keep the stream"))
-                return
+            if self._out.over():  # the client is not reading: pushes wait, a stall ends it
+                if self._out.stalled():
+                    self._end_stalled()
+                    return
+                await asyncio.sleep(ROOM_POLL_S)
+                continue
             async with self._lock:
                 self._evict(self.dealer.now_ms())
             await self.push_due()
@@ -803,8 +778,6 @@ class QuotaStream:
 
     async def push_due(self) -> None:
         """Deal the new window's grant to every bucket whose window ended, in slices."""
-        if self._over():
-            return  # the client is not reading: its next report will be answered instead
         answer = _Answer(self)
         try:
             async with self._lock:

@@ -44,9 +44,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+HTTP = {"port": 0}
+
+
+def gc_pauses() -> str:
+    """rls's garbage-collector pauses so far, from /metrics: count per generation and the
+    bucket bound of the longest."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{HTTP['port']}/metrics").read().decode()
+    worst: dict[str, str] = {}
+    last: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("rls_gc_pause_seconds_bucket"):
+            gen = line.split('generation="')[1].split('"')[0]
+            le = line.split('le="')[1].split('"')[0]
+            count = float(line.rsplit(" ", 1)[1])
+            if count > last.get(gen, 0):
+                worst[gen] = le
+            last[gen] = count
+    return ", ".join(f"gen {g}: {int(last[g])} (longest <= {worst.get(g, '?')} s)"
+                     for g in sorted(last))
+
+
 def start_rls(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
     (folder / "q.yaml").write_text(CONFIG)
     port, http = free_port(), free_port()
+    HTTP["port"] = http
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLS_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "rls", "serve", "--config", str(folder / "q.yaml"),
@@ -165,6 +189,7 @@ def stall(port: int, pid: int) -> None:
         print(f"one-bucket report on a stream of {label} bucket(s): "
               f"{(cpu_s(pid) - cpu) / 200 * 1000:.2f} ms rls CPU each")
     ticker.stop = True
+    print(f"rls GC pauses: {gc_pauses()}")
 
 
 def rss(port: int, pid: int) -> None:

@@ -345,7 +345,7 @@ def test_draining_ends_every_stream_gives_reservations_back_and_refuses_new_ones
             await svc.drain()
         status = await client.task
         assert status is not None and status[0].name == "UNAVAILABLE"
-        assert not svc.orphans and svc.queued_bytes == 0
+        assert not svc.orphans and svc.outboxes.bytes == 0
         # Everything given back: a ShouldRateLimit-side check finds the whole limit.
         dom = svc._config().domains["q"]
         from rls.engine.checks import match_targets
