@@ -152,22 +152,43 @@ class Dealer:
         self.timeout = max(timeout_ms, 1) / 1000
         self.clock = clock
         self._calendar = CalendarCache()
-        self._peers: dict[str, dict[int, Ledger]] = {}  # counter key -> this process's ledgers
+        # This process's ledgers by counter key: a lone one in `_solo`, two or more in
+        # `_peers` (a dict per counter only where it is shared: fewer objects for the
+        # garbage collector to walk when a stream holds thousands of buckets).
+        self._solo: dict[str, Ledger] = {}
+        self._peers: dict[str, dict[int, Ledger]] = {}
 
     def join(self, ledger: Ledger) -> None:
         """`ledger` deals from its counter from now on (equal shares among the joined)."""
-        self._peers.setdefault(ledger.key, {})[id(ledger)] = ledger
+        key = ledger.key
+        peers = self._peers.get(key)
+        if peers is not None:
+            peers[id(ledger)] = ledger
+            return
+        solo = self._solo.get(key)
+        if solo is None or solo is ledger:
+            self._solo[key] = ledger
+            return
+        del self._solo[key]
+        self._peers[key] = {id(solo): solo, id(ledger): ledger}
 
     def leave(self, ledger: Ledger) -> None:
-        peers = self._peers.get(ledger.key)
-        if peers is not None:
-            peers.pop(id(ledger), None)
-            if not peers:
-                del self._peers[ledger.key]
+        key = ledger.key
+        if self._solo.get(key) is ledger:
+            del self._solo[key]
+            return
+        peers = self._peers.get(key)
+        if peers is None:
+            return
+        peers.pop(id(ledger), None)
+        if len(peers) <= 1:
+            del self._peers[key]
+            for last in peers.values():
+                self._solo[key] = last
 
     def peers(self, key: str) -> int:
         """How many ledgers of this process deal from counter `key` (metrics, tests)."""
-        return len(self._peers.get(key, ()))
+        return len(self._peers.get(key, ())) or (1 if key in self._solo else 0)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

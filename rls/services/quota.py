@@ -90,7 +90,9 @@ Action = rlqs_pb2.RateLimitQuotaResponse.BucketAction
 
 @dataclass(slots=True)
 class Bucket:
-    bucket_id: rlqs_pb2.BucketId
+    # The id as Envoy sent it, kept as bytes: a message object per bucket would be one more
+    # object for every garbage collection to walk (see docs/reliability.md "Quota streams").
+    id_wire: bytes
     key: BucketKey = ()
     id_bytes: int = 0
     kind: str = UNMATCHED
@@ -100,6 +102,10 @@ class Bucket:
     last_report_ms: int = 0
     target: int | None = None  # demand over one horizon from the last report (None: unknown)
     due_ms: int = 0  # when the pusher looks at this bucket next (0: not scheduled)
+
+    @property
+    def bucket_id(self) -> rlqs_pb2.BucketId:
+        return rlqs_pb2.BucketId.FromString(self.id_wire)
 
 
 def _blanket(
@@ -566,8 +572,7 @@ class QuotaStream:
         bucket = self.service.adopt(self.domain, key)
         new = bucket is None
         if bucket is None:
-            bucket = Bucket(rlqs_pb2.BucketId(), key)
-            bucket.bucket_id.CopyFrom(bucket_id)
+            bucket = Bucket(bucket_id.SerializeToString(), key)
         bucket.id_bytes = size
         self.id_bytes += size
         self.service.bucket_bytes += size
@@ -615,8 +620,9 @@ class QuotaStream:
         if grant.tokens > 0:
             # A blanket rule first: Envoy then starts the token bucket full instead of carrying
             # the old bucket's fill ratio over (reference/rlqs.md).
-            answer.add(_blanket(bucket.bucket_id, DENY_ALL, TOKENS_TTL_S),
-                       _tokens(bucket.bucket_id, grant.tokens))
+            bucket_id = bucket.bucket_id
+            answer.add(_blanket(bucket_id, DENY_ALL, TOKENS_TTL_S),
+                       _tokens(bucket_id, grant.tokens))
             self.metrics.assignments.labels("token_bucket").inc()
         else:
             ttl = max(math.ceil(grant.reset_ms / 1000), TOKENS_TTL_S)

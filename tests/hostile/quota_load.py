@@ -1,7 +1,11 @@
 """Figures for docs/reliability.md: what a heavy or hostile RLQS client costs everyone else.
 
-Usage: python tests/hostile/quota_load.py [stall|rss|all]
-Not a test (no wall-clock assertions in tests). Starts one rls (memory store) and measures:
+Usage: python tests/hostile/quota_load.py [turns|stall|rss|all]
+Not a test (no wall-clock assertions in tests).
+- turns: in this process, the longest turn of the event loop while a stream is handed a report
+  of 20,000 new buckets and then the same again, in CPU time of the loop's thread (wall time
+  on a shared machine also counts the time the OS ran something else), with rls's GC tuning.
+Then starts one rls (memory store) and measures:
 - stall: the longest ShouldRateLimit call (one every 2 ms from another thread) while a stream
   reports 20,000 new buckets (~330 KB) and then the same 20,000 again (a periodic report), and
   the rls CPU per one-bucket report on that stream against a stream holding one bucket;
@@ -214,8 +218,57 @@ def rss(port: int, pid: int) -> None:
     answers.cancel()
 
 
+def turns() -> None:
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from rls.config.loader import load_files
+    from rls.gc_tuning import freeze_startup_objects, tune_thresholds
+    from rls.services.quota import QuotaService, QuotaStream
+    from rls.settings import Settings
+    from rls.stores.memory import MemoryBackend
+
+    tune_thresholds()
+    message = rlqs_pb2.RateLimitQuotaUsageReports.FromString(
+        report([f"client-{i:05}" for i in range(20_000)]))
+    config = load_files([("q.yaml", CONFIG)])
+
+    async def run() -> None:
+        svc = QuotaService(lambda: config, MemoryBackend(sweep_interval=0), Settings(),
+                           CollectorRegistry())
+        stream = QuotaStream(svc)
+        freeze_startup_objects()
+        worst = [0.0, 0.0]
+        done = False
+
+        async def tick() -> None:
+            while not done:
+                cpu, wall = time.thread_time(), time.perf_counter()
+                await asyncio.sleep(0)
+                worst[0] = max(worst[0], time.thread_time() - cpu)
+                worst[1] = max(worst[1], time.perf_counter() - wall)
+
+        task = asyncio.get_running_loop().create_task(tick())
+        for label in ("20,000 new buckets", "the same 20,000 again"):
+            worst[:] = [0.0, 0.0]
+            start = time.perf_counter()
+            await stream.handle(message)
+            stream._out.drop()
+            print(f"{label}: handled in {time.perf_counter() - start:.2f} s; longest loop turn "
+                  f"{worst[0] * 1000:.1f} ms CPU ({worst[1] * 1000:.1f} ms wall)")
+        done = True
+        await task
+
+    asyncio.run(run())
+
+
 def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if what in ("turns", "all"):
+        turns()
+    if what == "turns":
+        return
     with tempfile.TemporaryDirectory() as folder:
         proc, port = start_rls(Path(folder))
         try:

@@ -355,3 +355,22 @@ def test_draining_ends_every_stream_gives_reservations_back_and_refuses_new_ones
         assert verdict.outcomes[0].used == 0
 
     asyncio.run(main())
+
+
+def test_a_bucket_held_costs_the_garbage_collector_three_objects() -> None:
+    """A full collection walks every tracked object: with 20,000 buckets, each one more per
+    bucket is ~20,000 more to walk while every caller waits (docs/reliability.md)."""
+    import gc
+
+    async def main() -> None:
+        svc = service()
+        stream = QuotaStream(svc)
+        gc.collect()
+        before = len(gc.get_objects())
+        await stream.handle(report(*(({"client": f"c{i}"}, 1, 0) for i in range(2000))))
+        stream._out.drop()
+        gc.collect()
+        assert len(stream.buckets) == 2000
+        assert (len(gc.get_objects()) - before) / 2000 <= 3.1  # bucket, its ledger list, ledger
+
+    asyncio.run(main())
