@@ -323,8 +323,8 @@ class Dealer:
             if cap is not None:
                 caps.append(cap)
                 pace[i] = rooms[i]
-        if target is None:  # demand unknown: as much as the pace allows
-            target = min(pace.values())
+        if target is None:  # demand unknown: as much as the pace allows (on top of what is held)
+            target = min(base[i] + pace[i] for i in active)
         for i in active:
             ledgers[i].demand = target
         # Never less than a quarter of the pace, whatever the last report's demand: a bucket

@@ -535,7 +535,7 @@ class QuotaStream:
             self._count_rule(ALLOW_ALL)
             return None
         elapsed = usage.time_elapsed.seconds + usage.time_elapsed.nanos / 1e9
-        if new and elapsed <= 0:  # Envoy's immediate report of a new bucket: demand unknown
+        if elapsed <= 0:  # Envoy's immediate report of a bucket new to it: demand unknown
             bucket.target = None
         else:
             span = elapsed if new or not bucket.last_report_ms else (

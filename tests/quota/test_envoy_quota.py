@@ -16,7 +16,7 @@ from collections import Counter
 from conftest import start_redis
 from e2e.harness import Envoy, http_get_text, wait_for
 
-from .conftest import QuotaRig
+from .conftest import DOMAIN, QuotaRig
 
 WINDOW_S = 5
 
@@ -335,3 +335,45 @@ def test_two_envoys_with_equal_demand_get_equal_shares(rig: QuotaRig) -> None:
     total = sum(got)
     assert total >= 0.9 * 120, got
     assert all(abs(g - total / 2) <= 0.1 * total / 2 for g in got), got
+
+
+PER_HOUR = """
+domain: gateway-rlqs
+descriptors:
+  - key: x-client-id
+    rate_limit: {unit: hour, requests_per_unit: 50}
+"""
+
+
+def test_a_stream_that_ends_right_after_its_grant_costs_the_next_stream_nothing(
+    rig: QuotaRig,
+) -> None:
+    """A stream granted the whole limit ends having admitted nothing; the Envoy that reports
+    the bucket next gets the grant back instead of DENY_ALL for the rest of the hour."""
+    import grpc
+    from envoy.service.rate_limit_quota.v3 import rlqs_pb2
+
+    rls = rig.rls(rig.descriptors(PER_HOUR))
+    message = rlqs_pb2.RateLimitQuotaUsageReports(domain=DOMAIN)
+    usage = message.bucket_quota_usages.add()
+    usage.bucket_id.bucket.update({"name": "per-client", "x-client-id": "alice"})
+    channel = grpc.insecure_channel(f"127.0.0.1:{rls.grpc_port}")
+    answers = channel.stream_stream(
+        "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas")(iter([message.SerializeToString()]))
+    granted = [
+        action.quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens
+        for data in answers  # the client half-closed: the stream ends after this answer
+        for action in rlqs_pb2.RateLimitQuotaResponse.FromString(data).bucket_action
+    ]
+    channel.close()
+    assert max(granted) == 50, granted
+    wait_for(lambda: rls_metric(rls.http_url, "rls_quota_streams") == 0, timeout=10,
+             what="the first stream ended")
+    envoy = rig.envoy(rls.grpc_port)
+    first = envoy.request("GET", "/api", headers={"x-client-id": "alice"}).status
+    wait_for(lambda: rls_metric(rls.http_url, "rls_quota_assignments_total",
+                                action="token_bucket") >= 2,
+             timeout=10, what="a grant for Envoy's bucket")
+    statuses = [first] + [envoy.request("GET", "/api", headers={"x-client-id": "alice"}).status
+                          for _ in range(59)]
+    assert 45 <= statuses.count(200) <= 50 + 1, statuses.count(200)
