@@ -273,9 +273,9 @@ class QuotaService:
             results = await asyncio.gather(
                 *(self.dealer.release(b.ledgers) for b in chunk), return_exceptions=True
             )
-            for result in results:
-                if isinstance(result, BaseException):
-                    failed = result
+            failed = next((r for r in results if isinstance(r, BaseException)), None)
+            if failed is not None:
+                break  # the store is failing: the rest would only wait for it too
         if failed is not None:
             self.metrics.errors.labels("backend").inc()
             log.warning("quota: giving back reservations failed (%s); they stay charged until "
