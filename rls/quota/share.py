@@ -21,8 +21,9 @@ from the old window stay charged to the old window; the next report attributes t
 carries to the old and new grant in proportion to time.
 
 Equal shares: the ledgers of one counter held by this process (one per stream and bucket)
-register with the dealer (`join` / `leave`); a ledger's total for the window is capped at an
-equal split of what those streams can have (see `Dealer._fair_cap`), so two streams with equal
+register with the dealer (`join` / `leave`); what they may hold over the next horizon is split
+so that each ends the window at the same total, used + grant (water-filling: a stream that
+wants less leaves the rest to the others; see `Dealer._fair_cap`), so two streams with equal
 demand get equal halves whichever reports first after a reset. Streams on other rls processes
 are not known here: pacing alone spreads the window among them.
 

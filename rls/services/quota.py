@@ -77,6 +77,7 @@ RESPONSE_ACTIONS = 2_000  # per response message (~150 KB), whatever the report'
 SLICE_BUCKETS = 32  # buckets dealt concurrently (one pipelined Redis round trip) per slice
 STORE_TIMEOUT_MS = 250  # off the request path: a report may wait longer than a decision
 ROOM_POLL_S = 1.0  # a stream whose client does not read retries its window pushes this often
+DRAIN_FLUSH_S = 1.0  # a draining stream's last answers get this long to go out
 
 ALLOW_ALL = ratelimit_strategy_pb2.RateLimitStrategy.ALLOW_ALL
 DENY_ALL = ratelimit_strategy_pb2.RateLimitStrategy.DENY_ALL
@@ -102,6 +103,7 @@ class Bucket:
     last_report_ms: int = 0
     target: int | None = None  # demand over one horizon from the last report (None: unknown)
     due_ms: int = 0  # when the pusher looks at this bucket next (0: not scheduled)
+    granted: int = 0  # tokens of the token bucket last sent (0: none, or a blanket rule)
 
     @property
     def bucket_id(self) -> rlqs_pb2.BucketId:
@@ -287,9 +289,8 @@ class QuotaService:
         Envoy keeps enforcing what it holds (TTL) and sends its next report to whichever rls
         answers; that rls charges the usage. Refusing new streams here makes Envoy go there."""
         self.draining = True
-        for session in list(self.streams):
-            session.end((grpc.StatusCode.UNAVAILABLE,
-                         "rls is shutting down: report to another rls"))
+        status = (grpc.StatusCode.UNAVAILABLE, "rls is shutting down: report to another rls")
+        await asyncio.gather(*(session.finish(status) for session in list(self.streams)))
         while self.streams:  # each stream's close() gives its reservations back
             await asyncio.sleep(0.01)
         orphans = [bucket for _, bucket in self.orphans.values()]
@@ -351,6 +352,7 @@ class QuotaStream:
         self._ended = asyncio.Event()
         self.status: Status | None = None
         self.warned_id = False
+        self._finishing = False  # draining: no report is answered any more
 
     async def run(
         self, requests: AsyncIterator[bytes], write: Callable[[bytes], Awaitable[None]]
@@ -376,6 +378,28 @@ class QuotaStream:
         if self.status is None:
             self.status = status
         self._ended.set()
+
+    async def finish(self, status: Status) -> None:
+        """Drain: answer nothing more; renew each token bucket Envoy holds as it is (an
+        identical token bucket keeps its remaining tokens, and its TTL restarts: Envoy keeps
+        enforcing what it has until its next report reaches a live rls), then end."""
+        async with self._lock:
+            self._finishing = True
+            now = self.dealer.now_ms()
+            answer = _Answer(self)
+            for bucket in self.buckets.values():
+                current = all(ledger.end_ms > now for ledger in bucket.ledgers
+                              if not ledger.shadow)
+                if bucket.kind == LIMITED and bucket.granted > 0 and current:
+                    answer.add(_tokens(bucket.bucket_id, bucket.granted))
+            answer.flush()
+            if self.status is None:
+                self.status = status
+            self._out.close()  # the writer ends the stream once these went out
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DRAIN_FLUSH_S):
+                await self._ended.wait()
+        self.end(status)
 
     async def close(self) -> None:
         """After the stream: drop unsent answers; leave the buckets' reservations to the next
@@ -465,6 +489,8 @@ class QuotaStream:
             return
         answer = _Answer(self)
         async with self._lock:
+            if self._finishing:
+                return
             await self._answer(message, answer)
         answer.flush()
         self._wake.set()
@@ -602,6 +628,7 @@ class QuotaStream:
                 self.metrics.errors.labels("backend").inc()
                 rule = self._failure_rule(dom)
                 answer.add(_blanket(bucket.bucket_id, rule, FAILURE_TTL_S))
+                bucket.granted = 0
                 self._count_rule(rule)
                 self._schedule(bucket, now + PUSH_RETRY_MS)
             elif isinstance(result, BaseException):
@@ -613,8 +640,10 @@ class QuotaStream:
 
     def _append_grant(self, answer: _Answer, bucket: Bucket, grant: Grant) -> None:
         settings = self.service.settings
+        bucket.granted = grant.tokens
         if settings.limiting_off or settings.shadow_mode or self.domain in settings.shadow_domains:
             answer.add(_blanket(bucket.bucket_id, ALLOW_ALL, TOKENS_TTL_S))
+            bucket.granted = 0
             self._count_rule(ALLOW_ALL)
             return
         if grant.tokens > 0:
@@ -787,6 +816,8 @@ class QuotaStream:
         answer = _Answer(self)
         try:
             async with self._lock:
+                if self._finishing:
+                    return
                 due = self._take_due(self.dealer.now_ms())
                 if not due:
                     return

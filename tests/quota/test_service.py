@@ -345,6 +345,11 @@ def test_draining_ends_every_stream_gives_reservations_back_and_refuses_new_ones
             await svc.drain()
         status = await client.task
         assert status is not None and status[0].name == "UNAVAILABLE"
+        # Its last answer renews the token bucket Envoy holds, unchanged and alone (no blanket
+        # rule before it): Envoy keeps its remaining tokens, and their TTL restarts.
+        (renewed,) = client.answers[-1].bucket_action
+        bucket = renewed.quota_assignment_action.rate_limit_strategy.token_bucket
+        assert bucket.max_tokens == 4 and dict(renewed.bucket_id.bucket) == {"client": "a"}
         assert not svc.orphans and svc.outboxes.bytes == 0
         # Everything given back: a ShouldRateLimit-side check finds the whole limit.
         dom = svc._config().domains["q"]
