@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 
+import pytest
 from conftest import start_redis
 from e2e.harness import Envoy, http_get_text, wait_for
 
@@ -277,12 +278,14 @@ def sleep_until(wall: float) -> None:
     time.sleep(max(0.0, wall - time.time()))  # scheduling the scenario, not awaiting a state
 
 
+@pytest.mark.parametrize(("rate", "restart_at"), [(18.0, 6), (7.2, 8)], ids=["3x", "1.2x"])
 def test_restart_in_mid_window_keeps_the_limit_over_three_windows(
-    rig: QuotaRig, redis_url: str
+    rig: QuotaRig, redis_url: str, rate: float, restart_at: int
 ) -> None:
-    """SIGTERM ends the streams and gives their reservations back; Envoy keeps enforcing what
-    it holds and reports its use to the new rls, which charges it. Before, the draining rls
-    pushed (and charged) the next window and the new one answered DENY_ALL: 61 / 60 / 36."""
+    """SIGTERM renews what Envoy holds, ends the streams and gives their reservations back;
+    Envoy keeps enforcing what it holds and reports its use to the new rls, which charges it.
+    Before, the draining rls pushed (and charged) the next window and the new one answered
+    DENY_ALL (61 / 60 / 36 at 3x; 17 / 29 / 34 at 1.2x, restarted 8 s into the window)."""
     config = rig.descriptors(PER_10S)
     drain = ("--shutdown-delay-ms", "1000", "--drain-seconds", "5")  # the defaults
     rls = rig.rls(config, redis_url=redis_url, args=drain)
@@ -293,14 +296,14 @@ def test_restart_in_mid_window_keeps_the_limit_over_three_windows(
 
     def restart() -> None:
         # Mid-window, so that a drain as long as the defaults allow spans the window's end.
-        sleep_until(first + 6)
+        sleep_until(first + restart_at)
         rls.stop()
         rig.rls(config, grpc_port=rls.grpc_port, redis_url=redis_url, args=drain)
         restarted.append(time.time())
 
     thread = threading.Thread(target=restart)
     thread.start()
-    results = drive(envoy, seconds=first + 30 - time.time() + 0.5, rate=18,
+    results = drive(envoy, seconds=first + 30 - time.time() + 0.5, rate=rate,
                     headers={"x-client-id": "alice"})
     thread.join(30)
     assert restarted, "rls was not restarted"
