@@ -46,12 +46,22 @@ from dataclasses import dataclass, field
 
 import grpc
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
-from envoy.type.v3 import ratelimit_strategy_pb2
 from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry
 
 from rls.config.model import Domain, RateLimitConfig
 from rls.engine.checks import match_targets
+from rls.quota.actions import (
+    ALLOW_ALL,
+    ALLOW_TTL_S,
+    DENY_ALL,
+    FAILURE_TTL_S,
+    TOKENS_TTL_S,
+    Answer,
+    abandon,
+    blanket,
+    tokens,
+)
 from rls.quota.limits import QuotaLimits
 from rls.quota.match import order_bucket
 from rls.quota.metrics import QuotaMetrics
@@ -65,28 +75,19 @@ log = logging.getLogger("rls.quota")
 SERVICE_NAME = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService"
 METHOD_NAME = "StreamRateLimitQuotas"
 
-# Whole seconds (Envoy truncates), each longer than the 5 s report cadence.
-TOKENS_TTL_S = 12  # a grant outlives one lost report
-ALLOW_TTL_S = 60  # unlimited / unmatched: nothing to re-deal
-FAILURE_TTL_S = 6  # store down: until just after the next report, which retries
 PUSH_DELAY_MS = 30  # after a window's end, so the store's clock is surely in the new window
 PUSH_RETRY_MS = 1000  # a push the store failed is tried again this much later
 FORGET_AFTER_MS = int(3 * REPORT_CADENCE_S * 1000)  # Envoy lists every bucket it holds
 MAX_BUCKETS_PER_STREAM = 20_000
-RESPONSE_ACTIONS = 2_000  # per response message (~150 KB), whatever the report's size
 SLICE_BUCKETS = 32  # buckets dealt concurrently (one pipelined Redis round trip) per slice
 STORE_TIMEOUT_MS = 250  # off the request path: a report may wait longer than a decision
 ROOM_POLL_S = 1.0  # a stream whose client does not read retries its window pushes this often
 DRAIN_FLUSH_S = 1.0  # a draining stream's last answers get this long to go out
 
-ALLOW_ALL = ratelimit_strategy_pb2.RateLimitStrategy.ALLOW_ALL
-DENY_ALL = ratelimit_strategy_pb2.RateLimitStrategy.DENY_ALL
-
 LIMITED, UNLIMITED, UNMATCHED, UNSUPPORTED = "limited", "unlimited", "unmatched", "unsupported"
 
 BucketKey = tuple[tuple[str, str], ...]
 Status = tuple[grpc.StatusCode, str]
-Action = rlqs_pb2.RateLimitQuotaResponse.BucketAction
 
 
 @dataclass(slots=True)
@@ -108,36 +109,6 @@ class Bucket:
     @property
     def bucket_id(self) -> rlqs_pb2.BucketId:
         return rlqs_pb2.BucketId.FromString(self.id_wire)
-
-
-def _blanket(
-    bucket_id: rlqs_pb2.BucketId, rule: int, ttl_s: int
-) -> rlqs_pb2.RateLimitQuotaResponse.BucketAction:
-    action = Action(bucket_id=bucket_id)
-    assign = action.quota_assignment_action
-    assign.assignment_time_to_live.seconds = ttl_s
-    assign.rate_limit_strategy.blanket_rule = rule
-    return action
-
-
-def _tokens(
-    bucket_id: rlqs_pb2.BucketId, tokens: int
-) -> rlqs_pb2.RateLimitQuotaResponse.BucketAction:
-    action = Action(bucket_id=bucket_id)
-    assign = action.quota_assignment_action
-    assign.assignment_time_to_live.seconds = TOKENS_TTL_S
-    bucket = assign.rate_limit_strategy.token_bucket
-    bucket.max_tokens = tokens
-    bucket.tokens_per_fill.value = 1
-    # No refill while the assignment lives: the grant is all this stream may use.
-    bucket.fill_interval.seconds = TOKENS_TTL_S + 1
-    return action
-
-
-def _abandon(bucket_id: rlqs_pb2.BucketId) -> rlqs_pb2.RateLimitQuotaResponse.BucketAction:
-    action = Action(bucket_id=bucket_id)
-    action.abandon_action.SetInParent()
-    return action
 
 
 class _StreamEnded(Exception):
@@ -311,26 +282,6 @@ class QuotaService:
             )
 
 
-class _Answer:
-    """Bucket actions of one report or push, queued in messages of ~RESPONSE_ACTIONS actions
-    as they are made (one bucket's actions always in one message)."""
-
-    def __init__(self, stream: QuotaStream) -> None:
-        self.stream = stream
-        self.message = rlqs_pb2.RateLimitQuotaResponse()
-
-    def add(self, *actions: rlqs_pb2.RateLimitQuotaResponse.BucketAction) -> None:
-        held = len(self.message.bucket_action)
-        if held and held + len(actions) > RESPONSE_ACTIONS:
-            self.flush()
-        self.message.bucket_action.extend(actions)
-
-    def flush(self) -> None:
-        if self.message.bucket_action:
-            self.stream.send(self.message.SerializeToString())
-            self.message = rlqs_pb2.RateLimitQuotaResponse()
-
-
 class QuotaStream:
     """One Envoy's stream: its buckets, their ledgers, and the answers queued for it."""
 
@@ -386,12 +337,12 @@ class QuotaStream:
         async with self._lock:
             self._finishing = True
             now = self.dealer.now_ms()
-            answer = _Answer(self)
+            answer = Answer(self.send)
             for bucket in self.buckets.values():
                 current = all(ledger.end_ms > now for ledger in bucket.ledgers
                               if not ledger.shadow)
                 if bucket.kind == LIMITED and bucket.granted > 0 and current:
-                    answer.add(_tokens(bucket.bucket_id, bucket.granted))
+                    answer.add(tokens(bucket.bucket_id, bucket.granted))
             answer.flush()
             if self.status is None:
                 self.status = status
@@ -487,7 +438,7 @@ class QuotaStream:
             self.metrics.errors.labels("invalid").inc()
             log.info("RLQS report without a domain ignored")
             return
-        answer = _Answer(self)
+        answer = Answer(self.send)
         async with self._lock:
             if self._finishing:
                 return
@@ -495,7 +446,7 @@ class QuotaStream:
         answer.flush()
         self._wake.set()
 
-    async def _answer(self, message: rlqs_pb2.RateLimitQuotaUsageReports, answer: _Answer) -> None:
+    async def _answer(self, message: rlqs_pb2.RateLimitQuotaUsageReports, answer: Answer) -> None:
         now = self.dealer.now_ms()
         config = self.service._config()
         dom = config.domains.get(self.domain) if config is not None else None
@@ -518,7 +469,7 @@ class QuotaStream:
         now: int,
         config: RateLimitConfig | None,
         dom: Domain | None,
-        answer: _Answer,
+        answer: Answer,
         in_message: set[BucketKey],
     ) -> tuple[Bucket, Awaitable[Grant]] | None:
         """One bucket of a report: answered now, or its store job for the slice's deal."""
@@ -540,7 +491,7 @@ class QuotaStream:
         if bucket is None:
             bucket, new = self._open(usage.bucket_id, key, size)
             if bucket is None:
-                answer.add(_blanket(usage.bucket_id, self._failure_rule(dom), FAILURE_TTL_S))
+                answer.add(blanket(usage.bucket_id, self._failure_rule(dom), FAILURE_TTL_S))
                 return None
         self._seen.pop(key, None)
         self._seen[key] = now
@@ -549,15 +500,15 @@ class QuotaStream:
         self._count_usage(bucket, allowed, denied)
         if bucket.kind == UNMATCHED or bucket.kind == UNSUPPORTED:
             if bucket.matched_before:
-                answer.add(_abandon(bucket.bucket_id))
+                answer.add(abandon(bucket.bucket_id))
                 self.metrics.assignments.labels("abandon").inc()
                 self._forget(key)
             else:
-                answer.add(_blanket(bucket.bucket_id, self.service.unmatched_rule, ALLOW_TTL_S))
+                answer.add(blanket(bucket.bucket_id, self.service.unmatched_rule, ALLOW_TTL_S))
                 self._count_rule(self.service.unmatched_rule)
             return None
         if bucket.kind == UNLIMITED:
-            answer.add(_blanket(bucket.bucket_id, ALLOW_ALL, ALLOW_TTL_S))
+            answer.add(blanket(bucket.bucket_id, ALLOW_ALL, ALLOW_TTL_S))
             self._count_rule(ALLOW_ALL)
             return None
         elapsed = usage.time_elapsed.seconds + usage.time_elapsed.nanos / 1e9
@@ -572,7 +523,7 @@ class QuotaStream:
         bucket.last_report_ms = now
         return bucket, self.dealer.report(bucket.ledgers, allowed, bucket.target, last)
 
-    def _refuse(self, bucket_id: rlqs_pb2.BucketId, size: int, answer: _Answer) -> None:
+    def _refuse(self, bucket_id: rlqs_pb2.BucketId, size: int, answer: Answer) -> None:
         """A bucket id over the byte cap: Envoy is told to forget it; nothing is kept."""
         self.metrics.errors.labels("bucket_id_size").inc()
         if not self.warned_id:
@@ -580,7 +531,7 @@ class QuotaStream:
             log.warning("quota: bucket id of %d bytes refused (abandon_action; limit "
                         "RLS_QUOTA_BUCKET_ID_BYTES=%d), domain %r", size,
                         self.limits.bucket_id_bytes, self.domain)
-        answer.add(_abandon(bucket_id))
+        answer.add(abandon(bucket_id))
         self.metrics.assignments.labels("abandon").inc()
 
     def _open(
@@ -610,7 +561,7 @@ class QuotaStream:
         self,
         jobs: list[tuple[Bucket, Awaitable[Grant]]],
         dom: Domain | None,
-        answer: _Answer,
+        answer: Answer,
     ) -> None:
         """Run the buckets' store steps concurrently (pipelined on Redis), add the answers."""
         if not jobs:
@@ -627,7 +578,7 @@ class QuotaStream:
                 failed, failures = result, failures + 1
                 self.metrics.errors.labels("backend").inc()
                 rule = self._failure_rule(dom)
-                answer.add(_blanket(bucket.bucket_id, rule, FAILURE_TTL_S))
+                answer.add(blanket(bucket.bucket_id, rule, FAILURE_TTL_S))
                 bucket.granted = 0
                 self._count_rule(rule)
                 self._schedule(bucket, now + PUSH_RETRY_MS)
@@ -638,11 +589,11 @@ class QuotaStream:
                         "%ss: %s", failures, self.domain, FAILURE_TTL_S,
                         str(failed) or type(failed).__name__)
 
-    def _append_grant(self, answer: _Answer, bucket: Bucket, grant: Grant) -> None:
+    def _append_grant(self, answer: Answer, bucket: Bucket, grant: Grant) -> None:
         settings = self.service.settings
         bucket.granted = grant.tokens
         if settings.limiting_off or settings.shadow_mode or self.domain in settings.shadow_domains:
-            answer.add(_blanket(bucket.bucket_id, ALLOW_ALL, TOKENS_TTL_S))
+            answer.add(blanket(bucket.bucket_id, ALLOW_ALL, TOKENS_TTL_S))
             bucket.granted = 0
             self._count_rule(ALLOW_ALL)
             return
@@ -650,12 +601,12 @@ class QuotaStream:
             # A blanket rule first: Envoy then starts the token bucket full instead of carrying
             # the old bucket's fill ratio over (reference/rlqs.md).
             bucket_id = bucket.bucket_id
-            answer.add(_blanket(bucket_id, DENY_ALL, TOKENS_TTL_S),
-                       _tokens(bucket_id, grant.tokens))
+            answer.add(blanket(bucket_id, DENY_ALL, TOKENS_TTL_S),
+                       tokens(bucket_id, grant.tokens))
             self.metrics.assignments.labels("token_bucket").inc()
         else:
             ttl = max(math.ceil(grant.reset_ms / 1000), TOKENS_TTL_S)
-            answer.add(_blanket(bucket.bucket_id, DENY_ALL, ttl))
+            answer.add(blanket(bucket.bucket_id, DENY_ALL, ttl))
             self._count_rule(DENY_ALL)
 
     def _failure_rule(self, dom: Domain | None) -> int:
@@ -813,7 +764,7 @@ class QuotaStream:
 
     async def push_due(self) -> None:
         """Deal the new window's grant to every bucket whose window ended, in slices."""
-        answer = _Answer(self)
+        answer = Answer(self.send)
         try:
             async with self._lock:
                 if self._finishing:

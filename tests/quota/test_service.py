@@ -9,16 +9,9 @@ from prometheus_client import CollectorRegistry
 
 from rls.config.loader import load_files
 from rls.core.model import Check
+from rls.quota.actions import ALLOW_ALL, DENY_ALL, FAILURE_TTL_S, TOKENS_TTL_S
 from rls.quota.limits import QuotaLimits
-from rls.services.quota import (
-    ALLOW_ALL,
-    DENY_ALL,
-    FAILURE_TTL_S,
-    SLICE_BUCKETS,
-    TOKENS_TTL_S,
-    QuotaService,
-    QuotaStream,
-)
+from rls.services.quota import SLICE_BUCKETS, QuotaService, QuotaStream
 from rls.settings import Settings
 from rls.stores.base import BackendError
 from rls.stores.memory import MemoryBackend
