@@ -214,6 +214,7 @@ class Server:
         self.health = create_health()
         self.cache: ResponseCache | None = None
         self.extproc: grpc.aio.Server | None = None  # ext_proc's own listener, if any
+        self.quota: QuotaService | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
 
@@ -313,8 +314,15 @@ class Server:
         (NOT_SERVING until the store accepted us); ext_proc (with a cache config) on a listener
         of its own (`self.extproc`), or on this one when --extproc-addr equals --grpc-addr."""
         settings, app = self.settings, self.app
-        quota = QuotaService(app.holder.current, app.backend, settings, app.metrics.registry)
-        handlers = [app.service.handler(), quota.handler(), CountersGrpc(counters).handler()]
+        try:
+            self.quota = QuotaService(
+                app.holder.current, app.backend, settings, app.metrics.registry
+            )
+        except ValueError as exc:
+            raise SystemExit(f"rls: {exc}") from None
+        handlers = [
+            app.service.handler(), self.quota.handler(), CountersGrpc(counters).handler()
+        ]
         # grpc's own cap sits above ours, so an oversized request gets rls's INVALID_ARGUMENT
         # with a message rather than grpc's RESOURCE_EXHAUSTED; beyond it grpc still protects
         # memory. An RLQS report lists every bucket of an Envoy (up to 20,000, ~80 bytes each).
@@ -454,6 +462,10 @@ class Server:
         self.state.draining = True
         self.draining.set()
         await set_serving(self.health, False)
+        # Quota streams end now, not after the grace: Envoy's next report (≤ 5 s) goes to a live
+        # rls, and nothing is granted from here on (their reservations are given back).
+        if self.quota is not None:
+            await _bounded("the quota streams", self.quota.drain())
         # Keep answering for a moment while readiness reports 503: grpc-core cancels calls it
         # has received but not yet handed to a handler when stop() begins (grpc/grpc#41785),
         # and load balancers need a moment to notice the readiness change.

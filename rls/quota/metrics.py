@@ -33,8 +33,14 @@ class QuotaMetrics:
         )
         self.errors = Counter(
             "rls_quota_errors",
-            "RLQS problems by reason (backend, invalid, bucket_cap, unsupported)",
+            "RLQS problems by reason (backend, invalid, bucket_cap, bucket_id_size, stalled, "
+            "unsupported)",
             ["reason"], registry=registry,
         )
         for reason in ERROR_REASONS:  # at 0 from the start: rate() counts the first burst
             self.errors.labels(reason)
+        self.queued_bytes = Gauge(
+            "rls_quota_queued_bytes",
+            "Bytes of RLQS answers queued for clients that have not read them yet",
+            registry=registry, multiprocess_mode="livesum",
+        )

@@ -20,6 +20,18 @@ report (otherwise a spent bucket would stay denied up to 5 s into the new window
 from the old window stay charged to the old window; the next report attributes the usage it
 carries to the old and new grant in proportion to time.
 
+Equal shares: the ledgers of one counter held by this process (one per stream and bucket)
+register with the dealer (`join` / `leave`); what they may hold over the next horizon is split
+so that each ends the window at the same total, used + grant (water-filling: a stream that
+wants less leaves the rest to the others; see `Dealer._fair_cap`), so two streams with equal
+demand get equal halves whichever reports first after a reset. Streams on other rls processes
+are not known here: pacing alone spreads the window among them.
+
+Stream ends: a reservation whose stream ended is released (`release`), and the usage a bucket
+reports on its next stream is charged like any other (no `resumed` exception): the tokens
+Envoy used from the released reservation are charged when it reports them, so a reconnection
+never leaves tokens locked in the counter.
+
 Only fixed windows can be dealt this way (a reservation and its release must be exact inverses
 and the room must not refill inside the window): see SUPPORTED_ALGORITHMS. Not rolling ones
 (`window: rolling_from_first_hit`): a reservation is a charge, so the key's window would start
@@ -64,6 +76,7 @@ class Ledger:
     pushed_at_ms: int = 0  # when that push happened
     mine: int = 0  # net hits this ledger put into the counter's current window
     shared_until_ms: int = 0  # others used the counter recently (see `observe`)
+    demand: int = 0  # tokens the bucket's last report projected over one horizon (0: unknown)
 
     @property
     def shared(self) -> bool:
@@ -105,19 +118,6 @@ def undealable(limit: Limit) -> str | None:
     return None
 
 
-def initial_target(ledgers: Sequence[Ledger]) -> int:
-    """Tokens for a bucket whose demand is not known yet: its even pace over one horizon."""
-    target = 0
-    for ledger in ledgers:
-        if ledger.shadow:
-            continue
-        limit = ledger.limit
-        pace = limit.requests_per_unit * HORIZON_S / max(limit.window_ms / 1000, 0.001)
-        share = max(1, math.ceil(pace))
-        target = share if target == 0 else min(target, share)
-    return max(1, target)
-
-
 def paced(room: int, reset_ms: int) -> int:
     """The part of a shared counter's room one stream may take now: the room spread evenly
     over what is left of the window, one horizon's worth (all of it in the last horizon).
@@ -153,6 +153,43 @@ class Dealer:
         self.timeout = max(timeout_ms, 1) / 1000
         self.clock = clock
         self._calendar = CalendarCache()
+        # This process's ledgers by counter key: a lone one in `_solo`, two or more in
+        # `_peers` (a dict per counter only where it is shared: fewer objects for the
+        # garbage collector to walk when a stream holds thousands of buckets).
+        self._solo: dict[str, Ledger] = {}
+        self._peers: dict[str, dict[int, Ledger]] = {}
+
+    def join(self, ledger: Ledger) -> None:
+        """`ledger` deals from its counter from now on (equal shares among the joined)."""
+        key = ledger.key
+        peers = self._peers.get(key)
+        if peers is not None:
+            peers[id(ledger)] = ledger
+            return
+        solo = self._solo.get(key)
+        if solo is None or solo is ledger:
+            self._solo[key] = ledger
+            return
+        del self._solo[key]
+        self._peers[key] = {id(solo): solo, id(ledger): ledger}
+
+    def leave(self, ledger: Ledger) -> None:
+        key = ledger.key
+        if self._solo.get(key) is ledger:
+            del self._solo[key]
+            return
+        peers = self._peers.get(key)
+        if peers is None:
+            return
+        peers.pop(id(ledger), None)
+        if len(peers) <= 1:
+            del self._peers[key]
+            for last in peers.values():
+                self._solo[key] = last
+
+    def peers(self, key: str) -> int:
+        """How many ledgers of this process deal from counter `key` (metrics, tests)."""
+        return len(self._peers.get(key, ())) or (1 if key in self._solo else 0)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -182,24 +219,23 @@ class Dealer:
         allowed: int,
         target: int | None,
         last_report_ms: int,
-        resumed: bool,
     ) -> Grant:
         """Settle `allowed` requests Envoy admitted since the last report; deal a new grant.
 
-        `resumed`: the bucket arrives on a new stream with usage (rls restarted, Envoy
-        reconnected): that usage consumed a grant an earlier rls reserved, so it is not charged
-        again. `target` None: demand unknown (a new bucket).
+        Usage beyond the ledger's reservation is charged whatever the room (a new bucket's
+        first requests, a bucket back on a new stream after its old stream's reservation was
+        released). `target` None: demand unknown (a new bucket).
         """
         now = self.now_ms()
         kept: list[int] = []
         checks: list[Check] = []
         for ledger in ledgers:
-            used = 0 if resumed else allowed
+            used = allowed
             if ledger.shadow:
                 kept.append(0)
                 checks.append(self._check(ledger, used, CHARGE_ALWAYS, now))
                 continue
-            if ledger.old_left and not resumed:
+            if ledger.old_left:
                 span = max(now - last_report_ms, 1)
                 before = min(max(ledger.pushed_at_ms - last_report_ms, 0), span)
                 used -= min(ledger.old_left, round(allowed * before / span))
@@ -219,7 +255,22 @@ class Dealer:
         rooms = [out.remaining for out in outcomes]
         return await self._grant(ledgers, outcomes, rooms, target, now, on_top=False)
 
-    async def push(self, ledgers: Sequence[Ledger], target: int) -> Grant:
+    async def release(self, ledgers: Sequence[Ledger]) -> None:
+        """Give back what `ledgers` still hold in windows not yet ended (their stream ended or
+        Envoy stopped listing the bucket); one atomic store call."""
+        now = self.now_ms()
+        checks = [
+            self._check(ledger, ledger.reserved, NEGATIVE, now)
+            for ledger in ledgers
+            if ledger.reserved > 0 and not ledger.shadow and ledger.end_ms > now
+        ]
+        for ledger in ledgers:
+            ledger.mine = max(0, ledger.mine - ledger.reserved)
+            ledger.reserved = 0
+        if checks:
+            await self._call(checks)
+
+    async def push(self, ledgers: Sequence[Ledger], target: int | None) -> Grant:
         """A window of one of the bucket's limits reset: deal a grant for the new window.
 
         Reservations of limits whose window ended stay in the old window (`old_left`); limits
@@ -263,13 +314,25 @@ class Dealer:
             i: paced(rooms[i], outcomes[i].reset_ms) if ledgers[i].shared else rooms[i]
             for i in active
         }
-        if target is None:  # demand unknown: as much as the pace allows
-            target = min(pace.values())
+        # Equal shares among this process's streams on one counter (the pool is paced there,
+        # so the room itself is not paced again).
+        caps = [MAX_TOKENS]
+        for i in active:
+            cap = self._fair_cap(
+                ledgers[i], base[i], rooms[i], outcomes[i].reset_ms, target, now
+            )
+            if cap is not None:
+                caps.append(cap)
+                pace[i] = rooms[i]
+        if target is None:  # demand unknown: as much as the pace allows (on top of what is held)
+            target = min(base[i] + pace[i] for i in active)
+        for i in active:
+            ledgers[i].demand = target
         # Never less than a quarter of the pace, whatever the last report's demand: a bucket
         # idle for a while and then busy must not be held to a token or two until its next
         # report when the limit has plenty of room (it costs nothing when room is scarce).
         floor = min(math.ceil(pace[i] / IDLE_SHARE_DIVISOR) for i in active)
-        grant = min([max(target, floor), MAX_TOKENS] + [base[i] + pace[i] for i in active])
+        grant = min([max(target, floor), *caps] + [base[i] + pace[i] for i in active])
         grant = max(grant, 0)
         for _ in range(GRANT_RETRIES):
             checks: list[Check] = []
@@ -325,3 +388,45 @@ class Dealer:
         )
         remaining = {ledgers[i].key: outcomes[i].remaining for i in active}
         return Grant(grant, reset, remaining)
+
+    def _fair_cap(
+        self, ledger: Ledger, base: int, room: int, reset_ms: int, want: int | None, now: int
+    ) -> int | None:
+        """The most `ledger` may be granted when other streams of this process deal from the
+        same counter (None when it is alone): equal window totals by water-filling.
+
+        What the local streams may hold over the next horizon is the paced pool (the room plus
+        their unused reservations, see `paced`). It is shared so that every stream ends at the
+        same window total T (used so far + grant), a stream wanting less than that (its last
+        report's demand) leaving the rest to the others.
+        """
+        peers = self._peers.get(ledger.key)
+        if peers is None or len(peers) < 2 or id(ledger) not in peers:
+            return None
+        pool = room
+        parts: list[tuple[int, int | None]] = []  # (used in this window, wanted or None)
+        for peer in peers.values():
+            if peer is ledger:
+                parts.append((max(0, ledger.mine - base), want))
+                pool += base
+            elif peer.end_ms > now:
+                pool += peer.reserved
+                parts.append((max(0, peer.mine - peer.reserved), peer.demand or None))
+            else:  # its window ended: it holds nothing of this one yet
+                parts.append((0, peer.demand or None))
+        share = paced(pool, reset_ms)
+
+        def dealt(total: int) -> int:
+            return sum(
+                min(max(0, total - used), share if wanted is None else wanted)
+                for used, wanted in parts
+            )
+
+        low, high = 0, max(used for used, _ in parts) + share
+        while low < high:  # the smallest window total that deals the whole share
+            mid = (low + high) // 2
+            if dealt(mid) >= share:
+                high = mid
+            else:
+                low = mid + 1
+        return max(0, low - max(0, ledger.mine - base))

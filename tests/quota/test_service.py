@@ -8,14 +8,10 @@ from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from prometheus_client import CollectorRegistry
 
 from rls.config.loader import load_files
-from rls.services.quota import (
-    ALLOW_ALL,
-    DENY_ALL,
-    FAILURE_TTL_S,
-    TOKENS_TTL_S,
-    QuotaService,
-    QuotaStream,
-)
+from rls.core.model import Check
+from rls.quota.actions import ALLOW_ALL, DENY_ALL, FAILURE_TTL_S, TOKENS_TTL_S
+from rls.quota.limits import QuotaLimits
+from rls.services.quota import SLICE_BUCKETS, QuotaService, QuotaStream
 from rls.settings import Settings
 from rls.stores.base import BackendError
 from rls.stores.memory import MemoryBackend
@@ -34,11 +30,14 @@ descriptors:
 """
 
 
-def service(backend=None, failure_mode: str = "allow", unmatched: str = "allow") -> QuotaService:
+def service(
+    backend=None, failure_mode: str = "allow", unmatched: str = "allow", **limits
+) -> QuotaService:
     config = load_files([("q.yaml", CONFIG)])
     settings = Settings(failure_mode=failure_mode)
     store = backend if backend is not None else MemoryBackend(sweep_interval=0)
-    return QuotaService(lambda: config, store, settings, CollectorRegistry(), unmatched=unmatched)
+    return QuotaService(lambda: config, store, settings, CollectorRegistry(), unmatched=unmatched,
+                        limits=QuotaLimits(**limits))
 
 
 def report(*buckets: tuple[dict[str, str], int, int], elapsed: int = 0):
@@ -54,8 +53,8 @@ def report(*buckets: tuple[dict[str, str], int, int], elapsed: int = 0):
 
 def answer(stream: QuotaStream, message) -> list:
     asyncio.run(stream.handle(message))
-    data = stream._out.get_nowait()
-    assert stream._out.empty()
+    data = stream._out.popleft()
+    assert not stream._out
     return list(rlqs_pb2.RateLimitQuotaResponse.FromString(data).bucket_action)
 
 
@@ -127,23 +126,13 @@ def test_every_bucket_of_a_report_is_answered_in_one_response() -> None:
     assert len(actions) == 2 + 2 + 1
 
 
-def test_buckets_envoy_stopped_reporting_are_forgotten() -> None:
-    svc = service()
-    stream = QuotaStream(svc)
-    answer(stream, report(({"client": "a"}, 0, 0)))
-    assert len(stream.buckets) == 1
-    stream._evict(stream.dealer.now_ms() + 60_000)
-    assert not stream.buckets
-    assert svc.metrics.buckets._value.get() == 0
-
-
 def test_thousands_of_buckets_in_one_report_are_all_answered_in_bounded_messages() -> None:
     svc = service()
     stream = QuotaStream(svc)
     asyncio.run(stream.handle(report(*(({"client": f"c{i}"}, 1, 0) for i in range(3000)))))
     messages = []
-    while not stream._out.empty():
-        messages.append(rlqs_pb2.RateLimitQuotaResponse.FromString(stream._out.get_nowait()))
+    while stream._out:
+        messages.append(rlqs_pb2.RateLimitQuotaResponse.FromString(stream._out.popleft()))
     assert len(messages) == 3
     actions = [a for m in messages for a in m.bucket_action]
     assert len(actions) == 2 * 3000
@@ -169,3 +158,217 @@ def test_buckets_beyond_the_per_stream_cap_get_the_failure_rule_without_state(
     assert last.rate_limit_strategy.blanket_rule == DENY_ALL
     assert last.assignment_time_to_live.seconds == FAILURE_TTL_S
     assert svc.metrics.errors.labels("bucket_cap")._value.get() == 1
+
+
+class Client:
+    """Drives QuotaStream.run like gRPC would: reports in, answers collected."""
+
+    def __init__(self, svc: QuotaService) -> None:
+        self.svc = svc
+        self.stream = QuotaStream(svc)
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.answers: list = []
+        self.got = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _requests(self):
+        while True:
+            message = await self.inbox.get()
+            if message is None:
+                return
+            yield message.SerializeToString()
+
+    async def _write(self, data: bytes) -> None:
+        self.answers.append(rlqs_pb2.RateLimitQuotaResponse.FromString(data))
+        self.got.set()
+
+    async def _run(self):
+        self.svc.streams.add(self.stream)
+        try:
+            return await self.stream.run(self._requests(), self._write)
+        finally:
+            self.svc.streams.discard(self.stream)
+            await self.stream.close()
+
+    async def ask(self, message) -> list:
+        self.got.clear()
+        before = len(self.answers)
+        await self.inbox.put(message)
+        async with asyncio.timeout(5):
+            while len(self.answers) == before:
+                await self.got.wait()
+                self.got.clear()
+        return [a for m in self.answers[before:] for a in m.bucket_action]
+
+    async def close(self):
+        await self.inbox.put(None)
+        async with asyncio.timeout(5):
+            return await self.task
+
+
+def tokens(actions) -> int:
+    return sum(a.quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens
+               for a in actions)
+
+
+async def eventually(condition, what: str, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+def test_idle_buckets_expire_on_a_timer_and_give_their_reservation_back(monkeypatch) -> None:
+    import rls.services.quota as quota
+
+    monkeypatch.setattr(quota, "FORGET_AFTER_MS", 200)
+
+    async def main() -> None:
+        svc = service()
+        client = Client(svc)
+        assert tokens(await client.ask(report(({"client": "a"}, 0, 0)))) == 4
+        assert svc.dealer.peers(client.stream.buckets[(("client", "a"),)].ledgers[0].key) == 1
+        # No further report: the timer alone forgets the bucket and releases its 4 tokens.
+        await eventually(lambda: not client.stream.buckets, "the idle bucket forgotten")
+        assert svc.metrics.buckets._value.get() == 0
+        await eventually(lambda: not svc._tasks, "the release done")
+        assert tokens(await client.ask(report(({"client": "b"}, 0, 0)))) == 4
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_report_of_thousands_of_buckets_yields_the_loop_between_slices() -> None:
+    async def main() -> None:
+        svc = service()
+        stream = QuotaStream(svc)
+        ticks = 0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.get_running_loop().create_task(ticker())
+        await asyncio.sleep(0)
+        start = ticks
+        await stream.handle(report(*(({"client": f"c{i}"}, 1, 0) for i in range(3000))))
+        done = True
+        await task
+        # Another task ran between every slice of at most SLICE_BUCKETS buckets.
+        assert ticks - start >= 3000 // SLICE_BUCKETS
+
+    asyncio.run(main())
+
+
+def test_a_bucket_id_over_the_byte_cap_is_abandoned_and_nothing_is_kept() -> None:
+    async def main() -> None:
+        svc = service(bucket_id_bytes=100)
+        client = Client(svc)
+        actions = await client.ask(report(({"client": "x" * 200}, 1, 0), ({"client": "a"}, 0, 0)))
+        big = [a for a in actions if dict(a.bucket_id.bucket) == {"client": "x" * 200}]
+        assert len(big) == 1 and big[0].HasField("abandon_action")
+        assert list(client.stream.buckets) == [(("client", "a"),)]
+        assert svc.metrics.errors.labels("bucket_id_size")._value.get() == 1
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_new_buckets_beyond_the_byte_caps_get_the_failure_rule_without_state() -> None:
+    async def main() -> None:
+        svc = service(failure_mode="deny", stream_bucket_bytes=40)
+        client = Client(svc)
+        actions = await client.ask(report(*(({"client": f"c{i}"}, 0, 0) for i in range(4))))
+        kept = len(client.stream.buckets)
+        assert 1 <= kept < 4
+        assert client.stream.id_bytes <= 40 and svc.bucket_bytes == client.stream.id_bytes
+        denied = [a for a in actions if a.quota_assignment_action.assignment_time_to_live.seconds
+                  == FAILURE_TTL_S]
+        assert len(denied) == 4 - kept
+        assert svc.metrics.errors.labels("bucket_cap")._value.get() == 4 - kept
+        await client.close()
+        # What the ended stream left for its successor is still counted, nothing more.
+        assert svc.bucket_bytes == sum(b.id_bytes for _, b in svc.orphans.values()) > 0
+
+    asyncio.run(main())
+
+
+def test_the_next_stream_of_a_bucket_gets_the_ended_streams_grant_back() -> None:
+    async def main() -> None:
+        svc = service()
+        first = Client(svc)
+        assert tokens(await first.ask(report(({"client": "a"}, 0, 0)))) == 4
+        await first.close()  # the stream ends right after its grant, nothing admitted
+        assert svc.metrics.streams._value.get() == 0
+        second = Client(svc)  # Envoy reconnects and reports 0 used (5 s since its report)
+        actions = await second.ask(report(({"client": "a"}, 0, 0), elapsed=5))
+        assert tokens(actions) >= 1  # not DENY_ALL for the rest of the window
+        # and the whole limit is dealable again as soon as demand shows.
+        assert tokens(await second.ask(report(({"client": "a"}, 0, 4), elapsed=5))) == 4
+        await second.close()
+
+    asyncio.run(main())
+
+
+def test_an_ended_streams_grant_nobody_adopts_is_released_after_the_adopt_time() -> None:
+    async def main() -> None:
+        svc = service(adopt_s=0.1)
+        first = Client(svc)
+        assert tokens(await first.ask(report(({"client": "a"}, 1, 0)))) == 3
+        await first.close()
+        assert svc.orphans
+        await eventually(lambda: not svc.orphans and not svc._tasks, "orphans released")
+        # The 3 reserved tokens are back in the counter: 4 - 1 admitted.
+        second = Client(svc)
+        assert tokens(await second.ask(report(({"client": "b"}, 0, 0)))) == 4
+        assert tokens(await second.ask(report(({"client": "a"}, 0, 0)))) == 3
+        await second.close()
+
+    asyncio.run(main())
+
+
+def test_draining_ends_every_stream_gives_reservations_back_and_refuses_new_ones() -> None:
+    async def main() -> None:
+        svc = service()
+        client = Client(svc)
+        assert tokens(await client.ask(report(({"client": "a"}, 0, 0)))) == 4
+        async with asyncio.timeout(5):
+            await svc.drain()
+        status = await client.task
+        assert status is not None and status[0].name == "UNAVAILABLE"
+        # Its last answer renews the token bucket Envoy holds, unchanged and alone (no blanket
+        # rule before it): Envoy keeps its remaining tokens, and their TTL restarts.
+        (renewed,) = client.answers[-1].bucket_action
+        bucket = renewed.quota_assignment_action.rate_limit_strategy.token_bucket
+        assert bucket.max_tokens == 4 and dict(renewed.bucket_id.bucket) == {"client": "a"}
+        assert not svc.orphans and svc.outboxes.bytes == 0
+        # Everything given back: a ShouldRateLimit-side check finds the whole limit.
+        dom = svc._config().domains["q"]
+        from rls.engine.checks import match_targets
+
+        ((limit, key, _, _),) = match_targets(dom, "q", (("client", "a"),), "rl:")
+        verdict = svc.dealer.backend.decide_now([Check(0, limit, key, 0)], charge=False)
+        assert verdict.outcomes[0].used == 0
+
+    asyncio.run(main())
+
+
+def test_a_bucket_held_costs_the_garbage_collector_three_objects() -> None:
+    """A full collection walks every tracked object: with 20,000 buckets, each one more per
+    bucket is ~20,000 more to walk while every caller waits (docs/reliability.md)."""
+    import gc
+
+    async def main() -> None:
+        svc = service()
+        stream = QuotaStream(svc)
+        gc.collect()
+        before = len(gc.get_objects())
+        await stream.handle(report(*(({"client": f"c{i}"}, 1, 0) for i in range(2000))))
+        stream._out.drop()
+        gc.collect()
+        assert len(stream.buckets) == 2000
+        assert (len(gc.get_objects()) - before) / 2000 <= 3.1  # bucket, its ledger list, ledger
+
+    asyncio.run(main())
