@@ -103,7 +103,9 @@ async def test_sigterm_drains_in_flight_calls_and_exits_zero(rls_factory, tmp_pa
     assert numbers["parked_answers"] == {"decided_ok": LIMIT, "decided_over": PARKED - LIMIT}
     assert numbers["background_before_sigterm_unanswered"] == 0, numbers
     assert numbers["wrong"] == 0, numbers
-    assert health and all(status != 200 for _, status in health), health
+    # A poll sent in the same instant as SIGTERM may be answered before the signal is handled;
+    # from the next one on (50 ms later) readiness must say 503 until the listener is gone.
+    assert health and all(status != 200 for _, status in health[1:]), health
     assert "503" in numbers["healthcheck_while_draining"], health
     assert code == 0, rls.log()[-3000:]
     log = rls.log()

@@ -6,7 +6,8 @@ shell commands) unless the line right before its fence (blank lines aside) marks
 - `<!-- fragment: CONTEXT -->` (or a first YAML line `# fragment: CONTEXT`): a piece of a
   larger file, checked inside CONTEXT (see FRAGMENT_CONTEXTS in test_docs_examples.py);
 - `<!-- needs: WHAT[, WHAT] -->`: commands that need what the docs tests do not start
-  (`envoy`, `kubernetes`, `ssdb`, `grpcurl`, `a terminal`), named so a reader knows.
+  (`envoy`, `kubernetes`, `ssdb`, `grpcurl`, `a traffic log`, `a terminal`), named so a
+  reader knows.
 """
 
 from __future__ import annotations

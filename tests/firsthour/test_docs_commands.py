@@ -9,9 +9,9 @@ must fail with that error; a documented JSON answer must have the real answer's 
 command that runs until stopped (`rls top` without `--once`, `rls serve` on free ports) must
 still be running after a few seconds. Complete commands in running text run too.
 
-A block marked `<!-- needs: … -->` is not run here (an Envoy demo, Kubernetes, SSDB, grpcurl):
-the mark names what it needs, from KNOWN_NEEDS. Commands are run in document order on the
-same rls, like a reader working through the docs.
+A block marked `<!-- needs: … -->` is not run here (an Envoy demo, Kubernetes, SSDB, grpcurl,
+a traffic log): the mark names what it needs, from KNOWN_NEEDS. Commands are run in document
+order on the same rls, like a reader working through the docs.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .docblocks import DOCS, FENCE, Block, blocks
 from .helpers import ROOT, clean_env
 
 TOKEN = "docs-token"
-KNOWN_NEEDS = {"envoy", "kubernetes", "ssdb", "grpcurl"}
+KNOWN_NEEDS = {"envoy", "kubernetes", "ssdb", "grpcurl", "a traffic log"}
 SHELLS = ("sh", "bash", "shell", "console")
 COMMAND = re.compile(r"(curl|rls)\s")
 RUNS_UNTIL_STOPPED = re.compile(r"^rls (serve|demo)\b|^rls top\b(?!.*--once)")
@@ -219,7 +219,7 @@ def test_documented_command_runs(
     if command.startswith("rls serve "):  # its own ports: the documented ones may be taken
         command = command.replace(
             "rls serve ", f"rls serve --grpc-addr 127.0.0.1:{free_port()} "
-            f"--http-addr 127.0.0.1:{free_port()} ", 1)
+            f"--http-addr 127.0.0.1:{free_port()} --extproc-addr 127.0.0.1:{free_port()} ", 1)
     script = CURL_FAILS_ON_HTTP_ERRORS + _localised(command, docs_rls)
     if RUNS_UNTIL_STOPPED.match(command):
         proc = subprocess.Popen(["bash", "-c", script], cwd=str(ROOT), env=env,

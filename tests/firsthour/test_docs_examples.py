@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import re
+import shlex
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +22,10 @@ import pytest
 import yaml
 from support.envoy import find_envoy
 
+from rls.cli import _parser as rls_parser
 from rls.config.parser import VALID_KEYS
 from rls.counters.model import load_config as load_counters_config
+from rls.replay.cli import _parser as replay_parser
 
 from .docblocks import DOCS, Block, blocks
 from .helpers import ROOT, rls
@@ -128,6 +131,15 @@ def _ratelimit_filter(fragment: Any) -> Callable[[dict[str, Any], dict[str, Any]
     return place
 
 
+def _access_log(fragment: Any) -> Callable[[dict[str, Any], dict[str, Any]], None]:
+    def place(_resources: dict[str, Any], hcm: dict[str, Any]) -> None:
+        hcm["access_log"] = fragment["access_log"]
+        for logger in hcm["access_log"]:  # the documented path's folder is not on this machine
+            if "path" in logger.get("typed_config", {}):
+                logger["typed_config"]["path"] = "/dev/null"
+    return place
+
+
 def _route(fragment: Any) -> Callable[[dict[str, Any], dict[str, Any]], None]:
     def place(_resources: dict[str, Any], hcm: dict[str, Any]) -> None:
         route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
@@ -140,6 +152,7 @@ ENVOY_CONTEXTS = {
     "envoy http_filters": _filters,  # a list of HTTP filters
     "envoy ratelimit filter": _ratelimit_filter,  # fields of the ratelimit filter's config
     "envoy route": _route,  # `rate_limits:` of a route's action
+    "envoy access_log": _access_log,  # `access_log:` of the http_connection_manager
 }
 
 
@@ -174,6 +187,25 @@ def check_schema(where: str, body: str) -> None:
     assert keys and not unknown, f"{where}: keys the parser does not accept: {unknown}"
 
 
+def check_workflow(where: str, body: str) -> None:
+    """A CI workflow (not rls's own file): valid YAML with jobs whose steps run rls commands
+    that rls's own parser accepts."""
+    doc = yaml.safe_load(body)
+    assert isinstance(doc, dict) and "jobs" in doc, f"{where}: a workflow needs jobs"
+    runs = [step["run"] for job in doc["jobs"].values() for step in job.get("steps", [])
+            if "run" in step]
+    commands = [line.strip() for run in runs for line in run.replace("\\\n", " ").splitlines()
+                if line.strip().startswith("rls ")]
+    assert commands, f"{where}: no rls command in the workflow's steps"
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        parser = replay_parser("rls replay") if argv[:1] == ["replay"] else rls_parser()
+        try:
+            parser.parse_args(argv[1:] if argv[:1] == ["replay"] else argv)
+        except SystemExit:
+            pytest.fail(f"{where}: rls does not take `{command}`")
+
+
 def check_yaml_block(block: Block, tmp_path: Path) -> None:
     where, body = block.where, block.body
     if block.mark == "fragment":
@@ -186,6 +218,11 @@ def check_yaml_block(block: Block, tmp_path: Path) -> None:
             check_schema(where, body)
         elif context == "top of a descriptor file":
             check_config(where, f"domain: fragment\n{body}", tmp_path)
+        elif context == "descriptors":
+            indented = "".join(f"  {line}\n" for line in body.splitlines())
+            check_config(where, f"domain: fragment\ndescriptors:\n{indented}", tmp_path)
+        elif context == "github actions workflow":
+            check_workflow(where, body)
         elif context == "cache rules":
             check_config(where, "rules:\n" + "".join(f"  {line}\n" for line in
                                                        body.splitlines()), tmp_path)
