@@ -256,7 +256,6 @@ def reference_costs(client: Any, n: int) -> list[dict[str, Any]]:
 # inside Redis's Lua, next to what the same decision costs with rls's logic around it.
 FLOOR_SCRIPTS = {
     "fixed_window": """
-redis.call('MGET', unpack(KEYS))
 for i = 1, #KEYS do redis.call('INCRBY', KEYS[i], 1) end
 return 1""",
     "sliding_log": """
