@@ -256,6 +256,10 @@ def test_a_crash_looping_worker_turns_health_503_and_shows_in_metrics(tmp_path: 
     try:
         wait_until(lambda: http_get(url + "/healthcheck")[0] == 200, 30, "workers serving")
         wait_until(lambda: len(children(proc.pid)) == 2, 30, "two workers")
+        # Both serving before the config goes bad (the first 200 may come from one of them
+        # while the other is still starting: it would read the bad config and fail too).
+        wait_until(lambda: output().count("rls serving gRPC") >= 2, 30, "both workers serving",
+                   output)
         config.write_text("domain: alpha\ndescriptors: [\n")  # the survivor keeps its config
         os.kill(children(proc.pid)[0], signal.SIGKILL)
         wait_until(lambda: _workers_status(url)[0] == 503, 30, "health 503", output)
