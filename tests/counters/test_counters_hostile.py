@@ -19,6 +19,7 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
+from support.net import http_call
 
 from rls.admin.auth import BODY_SECONDS
 from rls.config.model import Unit
@@ -49,18 +50,8 @@ UNIT_OF = {unit: name for name, unit in UNITS.items()}
 
 def post(base: str, path: str, body: bytes, headers: dict[str, str] | None = None
          ) -> tuple[int, Any]:
-    req = urllib.request.Request(base + path, data=body, method="POST",
-                                 headers={"Content-Type": "application/json", **AUTH,
-                                          **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode(errors="replace")
+    return http_call(base, "POST", path, body,
+                     {"Content-Type": "application/json", **AUTH, **(headers or {})})
 
 
 def get_json(url: str) -> Any:

@@ -14,10 +14,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import ROOT, free_port
+from support.net import http_call
 
 from rls.admin.auth import IDLE_SECONDS
 
@@ -29,18 +29,7 @@ JSON = {"Content-Type": "application/json"}
 REQUEST = {"domain": "alpha", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}
 
 
-def call(url: str, method: str, path: str, body: bytes | None = None,
-         headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    req = urllib.request.Request(url + path, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode(errors="replace")
+call = http_call
 
 
 def used(url: str) -> int:
