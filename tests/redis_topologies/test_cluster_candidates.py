@@ -9,11 +9,11 @@ import random
 import time
 from typing import Any
 
+from algorithms.test_candidates import Recording
+
 import rls.stores.connect as redis_connect
 from rls.config.loader import load_files
-from rls.config.model import Limit
 from rls.engine.limiter import OVER_LIMIT, DescriptorIn, RateLimiter
-from rls.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.redis import RedisBackend
 from rls.stores.windows import window_key
@@ -34,16 +34,6 @@ descriptors:
 
 
 YEAR_MS = 31_536_000_000
-
-
-class Recording(Metrics):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[tuple[str, str, bool]] = []
-
-    def record_candidate(self, domain: str, limit: Limit, over: bool, near: bool) -> None:
-        super().record_candidate(domain, limit, over, near)
-        self.seen.append((limit.full_key, limit.candidate, over))
 
 
 async def test_an_equal_candidate_reports_the_live_over_limits_across_cluster_slots(
