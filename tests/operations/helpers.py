@@ -6,8 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -18,6 +16,7 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf.wrappers_pb2 import UInt64Value
 from prometheus_client.parser import text_string_to_metric_families
+from support.net import http_call
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret"
@@ -91,20 +90,8 @@ def http(
     """One admin call on a fresh connection. JSON bodies in and out when possible; HTTP
     errors are returned, not raised."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(base + path, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    for k, v in (headers or {}).items():
-        req.add_header(k, v)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, payload = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, payload = exc.code, exc.read()
-    try:
-        return status, json.loads(payload)
-    except ValueError:
-        return status, payload.decode(errors="replace")
+    sent = {"Content-Type": "application/json"} if data is not None else {}
+    return http_call(base, method, path, data, {**sent, **(headers or {})}, timeout)
 
 
 def query(base: str, domain: str, *descriptors: Entries) -> tuple[int, Any]:

@@ -26,11 +26,11 @@ def connectable(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def http_call(url: str, method: str, path: str, body: bytes | None = None,
-              headers: dict[str, str] | None = None) -> tuple[int, Any]:
+              headers: dict[str, str] | None = None, timeout: float = 10.0) -> tuple[int, Any]:
     """(status, body): JSON decoded, else text; an error status is an answer, not a raise."""
     req = urllib.request.Request(url + path, data=body, method=method, headers=headers or {})
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             status, raw = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
