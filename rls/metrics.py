@@ -289,6 +289,13 @@ class Metrics:
 
     def record_candidate(self, domain: str, limit: Limit, over: bool, near: bool) -> None:
         """One decision a candidate limit was counted in, and what it would have answered."""
+        self.record_candidate_counts(domain, limit, 1, int(over), int(near and not over))
+
+    def record_candidate_counts(
+        self, domain: str, limit: Limit, checks: int, over: int, near: int
+    ) -> None:
+        """`checks` decisions a candidate limit was counted in at once (a quota report), `over`
+        of them would-be over-limit and `near` past its near-limit ratio."""
         key = (domain, limit.full_key, limit.candidate)
         pending = self._candidates.get(key)
         if pending is None:
@@ -302,11 +309,9 @@ class Metrics:
                 )
             )
         values = pending.values
-        values[0] += 1
-        if over:
-            values[1] += 1
-        elif near:
-            values[2] += 1
+        values[0] += checks
+        values[1] += over
+        values[2] += near
 
     def flush(self) -> None:
         for pending in self._pending:

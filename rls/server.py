@@ -26,6 +26,7 @@ from rls.config.reload import ConfigHolder, check_config_command
 from rls.counters.grpc_api import CountersGrpc
 from rls.counters.model import CountersConfig, load_config
 from rls.counters.service import CountersService
+from rls.engine.candidates import CandidateReporter
 from rls.engine.limiter import RateLimiter
 from rls.engine.top import TopTalkers, dumps_snapshot
 from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
@@ -316,7 +317,10 @@ class Server:
         settings, app = self.settings, self.app
         try:
             self.quota = QuotaService(
-                app.holder.current, app.backend, settings, app.metrics.registry
+                app.holder.current, app.backend, settings, app.metrics.registry,
+                candidates=CandidateReporter(
+                    app.metrics, app.limiter.top, settings.near_limit_ratio
+                ),
             )
         except ValueError as exc:
             raise SystemExit(f"rls: {exc}") from None

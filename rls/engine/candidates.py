@@ -8,8 +8,10 @@ and dropped, so the rest of the decision only ever sees live checks.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+from rls.core.algorithms.base import burst_of
 from rls.core.model import NEGATIVE, Check, Outcome, candidate_flags
 from rls.engine.calendar import CalendarCache
 from rls.engine.decision import DescriptorIn
@@ -81,3 +83,41 @@ def report_candidates(
                 domain, limit.full_key, limit.candidate, descriptors[check.descriptor].entries,
                 OVER if over else NEAR, check.hits,
             )
+
+
+def batch_verdict(check: Check, out: Outcome, near_ratio: float) -> tuple[int, int]:
+    """(over, near) among the `check.hits` requests a candidate was charged with at once (a
+    quota report): the requests numbered past its room would have been over the limit, those
+    past its near-limit ratio but within it near (one request: exactly `report_candidates`)."""
+    hits = check.hits
+    if out.ok or hits <= 0:
+        over = 0
+    else:
+        over = min(hits, max(1, out.used + hits - burst_of(check)))
+    near_at = int(check.limit.requests_per_unit * near_ratio)
+    near = min(out.used + hits, burst_of(check)) - max(out.used, near_at)
+    return over, max(0, min(near, hits - over))
+
+
+@dataclass(slots=True)
+class CandidateReporter:
+    """Where candidate verdicts of quota reports go: the same series and top-talkers sketch
+    as the per-request ones."""
+
+    metrics: Metrics
+    top: TopTalkers
+    near_ratio: float
+
+    def batch(
+        self, domain: str, entries: Iterable[tuple[str, str]], check: Check, out: Outcome
+    ) -> None:
+        limit = check.limit
+        over, near = batch_verdict(check, out, self.near_ratio)
+        self.metrics.record_candidate_counts(domain, limit, check.hits, over, near)
+        if over or near:
+            entries = list(entries)
+            for kind, count in ((OVER, over), (NEAR, near)):
+                if count:
+                    self.top.record_candidate(
+                        domain, limit.full_key, limit.candidate, entries, kind, count
+                    )

@@ -32,6 +32,10 @@ reports on its next stream is charged like any other (no `resumed` exception): t
 Envoy used from the released reservation are charged when it reports them, so a reconnection
 never leaves tokens locked in the counter.
 
+Candidate limits (`candidates:`) of the ledgers' limits ride in the settle call: each is
+charged with the bucket's reported demand (allowed and denied) whatever its room, and the
+grant carries their outcomes for the caller to report (rls.engine.candidates.batch_verdict).
+
 Only fixed windows can be dealt this way (a reservation and its release must be exact inverses
 and the room must not refill inside the window): see SUPPORTED_ALGORITHMS. Not rolling ones
 (`window: rolling_from_first_hit`): a reservation is a charge, so the key's window would start
@@ -48,9 +52,10 @@ from dataclasses import dataclass, field
 
 from rls.config.model import Limit
 from rls.core.limits import WINDOW_ROLLING
-from rls.core.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check, Outcome
+from rls.core.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check, Outcome, candidate_flags
 from rls.engine.calendar import CalendarCache
-from rls.stores.base import Backend
+from rls.engine.candidates import batch_verdict
+from rls.stores.base import Backend, BackendError
 
 SUPPORTED_ALGORITHMS = frozenset({"fixed_window"})
 REPORT_CADENCE_S = 5.0  # Envoy 1.40 reports every 5 s whatever reporting_interval says
@@ -105,6 +110,8 @@ class Grant:
     tokens: int
     reset_ms: int  # time until the tightest limit's window resets
     remaining: dict[str, int] = field(default_factory=dict)
+    # The candidate limits' checks of the report and their outcomes (`Dealer.report`).
+    candidates: Sequence[tuple[Check, Outcome]] = ()
 
 
 def undealable(limit: Limit) -> str | None:
@@ -201,6 +208,39 @@ class Dealer:
         bounds = self._calendar.bounds(limit, now_ms) if limit.calendar else None
         return Check(0, limit, ledger.key, hits, flags, ledger.stats_key, bounds)
 
+    def _candidate_checks(self, ledgers: Sequence[Ledger], demand: int, now_ms: int) -> list[Check]:
+        """A check per candidate limit of `ledgers`, charged with the bucket's `demand` (the
+        requests Envoy saw, allowed or denied) whatever the room: like ShouldRateLimit's
+        candidates, each counter of its own, beside the live one (`<live key><ident>`)."""
+        checks = []
+        for i, ledger in enumerate(ledgers):
+            for cand in ledger.limit.candidates:
+                bounds = self._calendar.bounds(cand, now_ms) if cand.calendar else None
+                flags = candidate_flags(CHARGE_ALWAYS, i)
+                checks.append(Check(0, cand, ledger.key + cand.ident, demand, flags, None, bounds))
+        return checks
+
+    async def _settle_candidates(
+        self, checks: list[Check], outcomes: list[Outcome]
+    ) -> list[tuple[Check, Outcome]]:
+        """Give back what each candidate was charged beyond its room, so its state holds the
+        requests it would have admitted (a fixed window without overdraft needs none: once
+        full it refuses everything until its window ends, whatever it holds beyond)."""
+        releases = []
+        for check, out in zip(checks, outcomes, strict=True):
+            over, _ = batch_verdict(check, out, 1.0)
+            limit = check.limit
+            if over and (limit.algorithm != "fixed_window" or limit.overdraft):
+                releases.append(
+                    Check(0, limit, check.key, over, check.flags | NEGATIVE, None, check.bounds)
+                )
+        if releases:
+            try:
+                await self._call(releases)
+            except (BackendError, TimeoutError):
+                pass  # a candidate a little over-charged; the live grant goes on
+        return list(zip(checks, outcomes, strict=True))
+
     async def _call(self, checks: list[Check]) -> tuple[bool, list[Outcome]]:
         """One atomic step on the store (raises BackendError / TimeoutError)."""
         try:
@@ -219,12 +259,15 @@ class Dealer:
         allowed: int,
         target: int | None,
         last_report_ms: int,
+        demand: int = 0,
     ) -> Grant:
         """Settle `allowed` requests Envoy admitted since the last report; deal a new grant.
 
         Usage beyond the ledger's reservation is charged whatever the room (a new bucket's
         first requests, a bucket back on a new stream after its old stream's reservation was
-        released). `target` None: demand unknown (a new bucket).
+        released). `target` None: demand unknown (a new bucket). `demand`: the requests Envoy
+        saw (allowed and denied), charged to the ledgers' candidate limits in the same store
+        call; the grant carries their outcomes (0: candidates are not counted).
         """
         now = self.now_ms()
         kept: list[int] = []
@@ -243,7 +286,13 @@ class Dealer:
             kept.append(max(0, held))
             forced = max(0, -held)
             checks.append(self._check(ledger, forced, CHARGE_ALWAYS if forced else 0, now))
-        _, outcomes = await self._call(checks)
+        live = len(checks)
+        cands = self._candidate_checks(ledgers, demand, now) if demand else []
+        _, outcomes = await self._call(checks + cands if cands else checks)
+        counted: Sequence[tuple[Check, Outcome]] = ()
+        if cands:
+            counted = await self._settle_candidates(cands, outcomes[live:])
+            outcomes = outcomes[:live]
         for ledger, held, out, check in zip(ledgers, kept, outcomes, checks, strict=True):
             end = now + out.reset_ms
             if ledger.end_ms and end > ledger.end_ms + WINDOW_TOLERANCE_MS:
@@ -253,7 +302,9 @@ class Dealer:
             ledger.observe(out.used, now)
             ledger.mine += check.hits
         rooms = [out.remaining for out in outcomes]
-        return await self._grant(ledgers, outcomes, rooms, target, now, on_top=False)
+        grant = await self._grant(ledgers, outcomes, rooms, target, now, on_top=False)
+        grant.candidates = counted
+        return grant
 
     async def release(self, ledgers: Sequence[Ledger]) -> None:
         """Give back what `ledgers` still hold in windows not yet ended (their stream ended or

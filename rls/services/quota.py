@@ -50,6 +50,7 @@ from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry
 
 from rls.config.model import Domain, RateLimitConfig
+from rls.engine.candidates import CandidateReporter
 from rls.engine.checks import match_targets
 from rls.quota.actions import (
     ALLOW_ALL,
@@ -141,12 +142,16 @@ class QuotaService:
         unmatched: str | None = None,
         dealer: Dealer | None = None,
         limits: QuotaLimits | None = None,
+        candidates: CandidateReporter | None = None,
     ) -> None:
         self._config = config
         self.settings = settings
         self.limits = limits or QuotaLimits.from_env()
         self.metrics = QuotaMetrics(registry)
         self.dealer = dealer or Dealer(backend, max(settings.backend_timeout_ms, STORE_TIMEOUT_MS))
+        # Candidate limits are counted where their verdicts have somewhere to go (the server's
+        # metrics and top talkers).
+        self.candidates = candidates
         mode = unmatched or os.environ.get("RLS_QUOTA_UNMATCHED", "allow")
         if mode not in ("allow", "deny"):
             raise ValueError(f"RLS_QUOTA_UNMATCHED must be allow or deny, not {mode!r}")
@@ -521,7 +526,9 @@ class QuotaStream:
             bucket.target = demand_target(allowed + denied, span)
         last = bucket.last_report_ms
         bucket.last_report_ms = now
-        return bucket, self.dealer.report(bucket.ledgers, allowed, bucket.target, last)
+        counted = dom is not None and dom.has_candidates and self.service.candidates is not None
+        demand = allowed + denied if counted else 0
+        return bucket, self.dealer.report(bucket.ledgers, allowed, bucket.target, last, demand)
 
     def _refuse(self, bucket_id: rlqs_pb2.BucketId, size: int, answer: Answer) -> None:
         """A bucket id over the byte cap: Envoy is told to forget it; nothing is kept."""
@@ -572,6 +579,8 @@ class QuotaStream:
         now = self.dealer.now_ms()
         for (bucket, _), result in zip(jobs, results, strict=True):
             if isinstance(result, Grant):
+                if result.candidates:
+                    self._report_candidates(bucket, dom, result)
                 self._append_grant(answer, bucket, result)
                 self._schedule(bucket, now)
             elif isinstance(result, (BackendError, TimeoutError)):
@@ -608,6 +617,15 @@ class QuotaStream:
             ttl = max(math.ceil(grant.reset_ms / 1000), TOKENS_TTL_S)
             answer.add(blanket(bucket.bucket_id, DENY_ALL, ttl))
             self._count_rule(DENY_ALL)
+
+    def _report_candidates(self, bucket: Bucket, dom: Domain | None, grant: Grant) -> None:
+        reporter = self.service.candidates
+        if reporter is None:
+            return
+        items = dict(bucket.key)
+        entries = (order_bucket(dom, items) if dom is not None else None) or bucket.key
+        for check, out in grant.candidates:
+            reporter.batch(self.domain, entries, check, out)
 
     def _failure_rule(self, dom: Domain | None) -> int:
         mode = (dom.failure_mode if dom is not None else None) or self.service.settings.failure_mode

@@ -102,6 +102,38 @@ def test_one_envoy_enforces_the_yaml_limit_per_client_header(rig: QuotaRig) -> N
     assert rls_metric(rls.http_url, "rls_quota_assignments_total", action="token_bucket") >= 1
 
 
+CANDIDATE = """
+domain: gateway-rlqs
+descriptors:
+  - key: x-client-id
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+    candidates: [{name: halve, requests_per_unit: 5}]
+"""
+
+
+def test_a_candidate_counts_what_envoy_reports_and_never_limits(rig: QuotaRig) -> None:
+    """12 requests under a live limit of 1000/hour with a candidate of 5: all 12 pass, and once
+    Envoy reported them (every 5 s) the candidate counted 12, 7 of them over and 1 near (the
+    5th, past 80 % of 5), and /top names the client."""
+    import json
+
+    rls = rig.rls(rig.descriptors(CANDIDATE))
+    envoy = rig.envoy(rls.grpc_port)
+    statuses = [envoy.request("GET", "/api", headers={"x-client-id": "carol"}).status
+                for _ in range(12)]
+    assert statuses == [200] * 12
+    labels = {"domain": DOMAIN, "limit": f"{DOMAIN}.x-client-id", "candidate": "halve"}
+    wait_for(lambda: rls_metric(rls.http_url, "rls_candidate_checks_total", **labels) >= 12,
+             timeout=20, what="Envoy's report of the 12 requests")
+    assert rls_metric(rls.http_url, "rls_candidate_checks_total", **labels) == 12
+    assert rls_metric(rls.http_url, "rls_candidate_over_limit_total", **labels) == 7
+    assert rls_metric(rls.http_url, "rls_candidate_near_limit_total", **labels) == 1
+    status, text = http_get_text(rls.http_url + "/top")
+    assert status == 200, text
+    rows = json.loads(text)["candidates"][DOMAIN]
+    assert [(r["descriptor"], r["over"]) for r in rows] == [("x-client-id=carol", 7)]
+
+
 SHARED = """
 domain: gateway-rlqs
 descriptors:

@@ -70,3 +70,35 @@ async def test_an_equal_candidate_reports_the_live_over_limits_across_cluster_sl
         assert len(spread) > 1  # the counters really are on several masters
     finally:
         await backend.close()
+
+
+async def test_quota_stream_candidates_count_across_cluster_slots(
+    fresh_cluster: ClusterTopology, monkeypatch: Any
+) -> None:
+    """An RLQS report settles the live reservation and charges the candidates in one store
+    call, whose keys span masters here: each candidate still reports the requests past its
+    room, report by report."""
+    from quota.test_candidates import CONFIG, HALVE, LIMIT, counts, handle, model, quota
+    from quota.test_service import report
+
+    monkeypatch.setattr(redis_connect, "RedisCluster", _ClusterWithoutRetryOnTimeout)
+    backend = RedisBackend(fresh_cluster.url, timeout_ms=IN_PROCESS_TIMEOUT_MS)
+    await backend.start()
+    try:
+        stream, metrics, _ = quota(CONFIG, backend)
+        rng = random.Random(4)
+        used = {(c, n): 0 for c in "abcd" for n in ("same", "halve")}
+        expected = {"same": [0, 0, 0], "halve": [0, 0, 0]}
+        for _ in range(16):
+            client = rng.choice("abcd")
+            allowed, denied = rng.randint(0, 9), rng.randint(0, 4)
+            await handle(stream, report(({"client": client}, allowed, denied), elapsed=5))
+            for name, limit in (("same", LIMIT), ("halve", HALVE)):
+                over, near = model(used[client, name], allowed + denied, limit)
+                used[client, name] += allowed + denied
+                expected[name] = [expected[name][0] + allowed + denied,
+                                  expected[name][1] + over, expected[name][2] + near]
+                assert counts(metrics, name) == tuple(expected[name]), (client, name)
+        assert expected["halve"][1] > 0
+    finally:
+        await backend.close()
