@@ -67,13 +67,22 @@ from rls.quota.limits import QuotaLimits
 from rls.quota.match import order_bucket
 from rls.quota.metrics import QuotaMetrics
 from rls.quota.outbox import Outbox, OutboxPool, Stalled
-from rls.quota.share import REPORT_CADENCE_S, Dealer, Grant, Ledger, demand_target, undealable
+from rls.quota.share import (
+    MAX_TOKENS,
+    REPORT_CADENCE_S,
+    Dealer,
+    Grant,
+    Ledger,
+    demand_target,
+    undealable,
+)
 from rls.settings import Settings
 from rls.stores.base import Backend, BackendError
 
 log = logging.getLogger("rls.quota")
 
 SERVICE_NAME = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService"
+MAX_REPORTED = MAX_TOKENS  # requests of one bucket in one report, allowed or denied
 METHOD_NAME = "StreamRateLimitQuotas"
 
 PUSH_DELAY_MS = 30  # after a window's end, so the store's clock is surely in the new window
@@ -502,6 +511,12 @@ class QuotaStream:
         self._seen[key] = now
         self._resolve(bucket, config, dom, items)
         allowed, denied = usage.num_requests_allowed, usage.num_requests_denied
+        if allowed > MAX_REPORTED or denied > MAX_REPORTED:  # uint64 on the wire
+            # No Envoy admits 2^32 requests of a bucket in one report period; charging such a
+            # count would push a Redis counter out of its integer range (the bucket then failed
+            # every report until the window ended).
+            self.metrics.errors.labels("invalid").inc()
+            allowed, denied = min(allowed, MAX_REPORTED), min(denied, MAX_REPORTED)
         self._count_usage(bucket, allowed, denied)
         if bucket.kind == UNMATCHED or bucket.kind == UNSUPPORTED:
             if bucket.matched_before:

@@ -164,3 +164,23 @@ def test_sigterm_ends_quota_streams_at_the_start_of_the_drain(rls_factory, confi
     # Before the shutdown delay (1 s) and the grace (5 s): at the start of the drain.
     assert at - sent < 1.0, at - sent
     assert rls.proc.wait(15) == 0
+
+
+async def test_a_report_of_2_to_the_64_requests_is_capped_and_the_bucket_keeps_being_dealt(
+    memory_or_redis,
+) -> None:
+    """num_requests_allowed is a uint64: charged as sent, it pushed a Redis counter out of its
+    integer range and the bucket answered the failure mode at every report until the window
+    ended. Counts over 2^32 - 1 are capped (and counted as `invalid`)."""
+    from quota.test_candidates import CONFIG as CANDIDATES
+    from quota.test_candidates import counts, handle, quota
+    from quota.test_service import report as usage
+
+    stream, metrics, _ = quota(CANDIDATES, memory_or_redis)
+    for allowed in (2**64 - 1, 2**63, 5):
+        actions = await handle(stream, usage(({"client": "x"}, allowed, 2**64 - 1), elapsed=5))
+        (deny, *_) = actions
+        assert deny.quota_assignment_action.rate_limit_strategy.blanket_rule == 1  # DENY_ALL
+        assert deny.quota_assignment_action.assignment_time_to_live.seconds > 6  # not failure
+    assert stream.service.metrics.errors.labels("invalid")._value.get() == 3
+    assert counts(metrics, "same")[0] == 5 * (2**32 - 1) + 5  # allowed + denied, capped
