@@ -8,7 +8,7 @@ and dropped, so the rest of the decision only ever sees live checks.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from rls.core.algorithms.base import burst_of
@@ -109,15 +109,17 @@ class CandidateReporter:
     near_ratio: float
 
     def batch(
-        self, domain: str, entries: Iterable[tuple[str, str]], check: Check, out: Outcome
+        self, domain: str, entries: Callable[[], Iterable[tuple[str, str]]], check: Check,
+        out: Outcome,
     ) -> None:
+        """`entries`: the descriptor, asked for only when the sketch records it."""
         limit = check.limit
         over, near = batch_verdict(check, out, self.near_ratio)
         self.metrics.record_candidate_counts(domain, limit, check.hits, over, near)
         if over or near:
-            entries = list(entries)
+            descriptor = list(entries())
             for kind, count in ((OVER, over), (NEAR, near)):
                 if count:
                     self.top.record_candidate(
-                        domain, limit.full_key, limit.candidate, entries, kind, count
+                        domain, limit.full_key, limit.candidate, descriptor, kind, count
                     )

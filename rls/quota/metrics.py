@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 ERROR_REASONS = ("backend", "invalid", "bucket_cap", "unsupported")
+ACTIONS = ("token_bucket", "allow_all", "deny_all", "abandon")
+MAX_CACHED_USAGE = 10_000  # (limit, result) children kept at hand; limits come from the config
 
 
 class QuotaMetrics:
@@ -25,12 +29,15 @@ class QuotaMetrics:
             "Bucket actions sent, by kind (token_bucket, allow_all, deny_all, abandon)",
             ["action"], registry=registry,
         )
+        self.actions = {action: self.assignments.labels(action) for action in ACTIONS}
         # `limit` is the limit's config path, or _unmatched / _unlimited / _unsupported.
         self.usage = Counter(
             "rls_quota_usage",
             "Requests Envoy reported per limit, by result (allowed, denied)",
             ["limit", "result"], registry=registry,
         )
+        # Children looked up once: `labels()` costs microseconds, paid per bucket and report.
+        self._usage: dict[tuple[str, str], Any] = {}
         self.errors = Counter(
             "rls_quota_errors",
             "RLQS problems by reason (backend, invalid, bucket_cap, bucket_id_size, stalled, "
@@ -44,3 +51,12 @@ class QuotaMetrics:
             "Bytes of RLQS answers queued for clients that have not read them yet",
             registry=registry, multiprocess_mode="livesum",
         )
+
+    def count_usage(self, limit: str, result: str, requests: int) -> None:
+        """`requests` Envoy reported as `result` (allowed, denied) for `limit`."""
+        child = self._usage.get((limit, result))
+        if child is None:
+            child = self.usage.labels(limit, result)
+            if len(self._usage) < MAX_CACHED_USAGE:
+                self._usage[(limit, result)] = child
+        child.inc(requests)

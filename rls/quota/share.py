@@ -228,9 +228,11 @@ class Dealer:
         full it refuses everything until its window ends, whatever it holds beyond)."""
         releases = []
         for check, out in zip(checks, outcomes, strict=True):
-            over, _ = batch_verdict(check, out, 1.0)
             limit = check.limit
-            if over and (limit.algorithm != "fixed_window" or limit.overdraft):
+            if out.ok or (limit.algorithm == "fixed_window" and not limit.overdraft):
+                continue
+            over, _ = batch_verdict(check, out, 1.0)
+            if over:
                 releases.append(
                     Check(0, limit, check.key, over, check.flags | NEGATIVE, None, check.bounds)
                 )

@@ -521,7 +521,7 @@ class QuotaStream:
         if bucket.kind == UNMATCHED or bucket.kind == UNSUPPORTED:
             if bucket.matched_before:
                 answer.add(abandon(bucket.bucket_id))
-                self.metrics.assignments.labels("abandon").inc()
+                self.metrics.actions["abandon"].inc()
                 self._forget(key)
             else:
                 answer.add(blanket(bucket.bucket_id, self.service.unmatched_rule, ALLOW_TTL_S))
@@ -554,7 +554,7 @@ class QuotaStream:
                         "RLS_QUOTA_BUCKET_ID_BYTES=%d), domain %r", size,
                         self.limits.bucket_id_bytes, self.domain)
         answer.add(abandon(bucket_id))
-        self.metrics.assignments.labels("abandon").inc()
+        self.metrics.actions["abandon"].inc()
 
     def _open(
         self, bucket_id: rlqs_pb2.BucketId, key: BucketKey, size: int
@@ -627,7 +627,7 @@ class QuotaStream:
             bucket_id = bucket.bucket_id
             answer.add(blanket(bucket_id, DENY_ALL, TOKENS_TTL_S),
                        tokens(bucket_id, grant.tokens))
-            self.metrics.assignments.labels("token_bucket").inc()
+            self.metrics.actions["token_bucket"].inc()
         else:
             ttl = max(math.ceil(grant.reset_ms / 1000), TOKENS_TTL_S)
             answer.add(blanket(bucket.bucket_id, DENY_ALL, ttl))
@@ -637,8 +637,11 @@ class QuotaStream:
         reporter = self.service.candidates
         if reporter is None:
             return
-        items = dict(bucket.key)
-        entries = (order_bucket(dom, items) if dom is not None else None) or bucket.key
+
+        def entries() -> Iterable[tuple[str, str]]:
+            ordered = order_bucket(dom, dict(bucket.key)) if dom is not None else None
+            return ordered or bucket.key
+
         for check, out in grant.candidates:
             reporter.batch(self.domain, entries, check, out)
 
@@ -647,7 +650,7 @@ class QuotaStream:
         return int(ALLOW_ALL if mode == "allow" else DENY_ALL)
 
     def _count_rule(self, rule: int) -> None:
-        self.metrics.assignments.labels("allow_all" if rule == ALLOW_ALL else "deny_all").inc()
+        self.metrics.actions["allow_all" if rule == ALLOW_ALL else "deny_all"].inc()
 
     def _count_usage(self, bucket: Bucket, allowed: int, denied: int) -> None:
         if not allowed and not denied:
@@ -657,9 +660,9 @@ class QuotaStream:
             names = [f"_{bucket.kind}"]
         for name in names:
             if allowed:
-                self.metrics.usage.labels(name, "allowed").inc(allowed)
+                self.metrics.count_usage(name, "allowed", allowed)
             if denied:
-                self.metrics.usage.labels(name, "denied").inc(denied)
+                self.metrics.count_usage(name, "denied", denied)
 
     def _resolve(
         self, bucket: Bucket, config: RateLimitConfig | None, dom: Domain | None,

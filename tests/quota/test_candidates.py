@@ -31,6 +31,7 @@ from rls.stores.base import Backend
 from rls.stores.memory import MemoryBackend
 
 from .test_service import answer, report
+from .test_share import Clock
 
 LIMIT, HALVE = 40, 20
 CONFIG = f"""
@@ -43,15 +44,6 @@ descriptors:
       - {{name: halve, requests_per_unit: {HALVE}}}
 """
 NEAR_RATIO = 0.8
-T0 = 1_800_000.0  # a multiple of 60 s: a fake clock's windows start here
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def quota(
