@@ -510,13 +510,7 @@ class QuotaStream:
         self._seen.pop(key, None)
         self._seen[key] = now
         self._resolve(bucket, config, dom, items)
-        allowed, denied = usage.num_requests_allowed, usage.num_requests_denied
-        if allowed > MAX_REPORTED or denied > MAX_REPORTED:  # uint64 on the wire
-            # No Envoy admits 2^32 requests of a bucket in one report period; charging such a
-            # count would push a Redis counter out of its integer range (the bucket then failed
-            # every report until the window ended).
-            self.metrics.errors.labels("invalid").inc()
-            allowed, denied = min(allowed, MAX_REPORTED), min(denied, MAX_REPORTED)
+        allowed, denied = self._reported(usage)
         self._count_usage(bucket, allowed, denied)
         if bucket.kind == UNMATCHED or bucket.kind == UNSUPPORTED:
             if bucket.matched_before:
@@ -539,11 +533,25 @@ class QuotaStream:
                 (now - bucket.last_report_ms) / 1000
             )
             bucket.target = demand_target(allowed + denied, span)
-        last = bucket.last_report_ms
-        bucket.last_report_ms = now
+        last, bucket.last_report_ms = bucket.last_report_ms, now
         counted = dom is not None and dom.has_candidates and self.service.candidates is not None
         demand = allowed + denied if counted else 0
         return bucket, self.dealer.report(bucket.ledgers, allowed, bucket.target, last, demand)
+
+    def _reported(
+        self, usage: rlqs_pb2.RateLimitQuotaUsageReports.BucketQuotaUsage
+    ) -> tuple[int, int]:
+        """(allowed, denied) of a bucket's report, each at most MAX_REPORTED.
+
+        They are uint64 on the wire. No Envoy admits 2^32 requests of a bucket in one report
+        period; charging such a count would push a Redis counter out of its integer range (the
+        bucket then failed every report until the window ended).
+        """
+        allowed, denied = usage.num_requests_allowed, usage.num_requests_denied
+        if allowed > MAX_REPORTED or denied > MAX_REPORTED:
+            self.metrics.errors.labels("invalid").inc()
+            allowed, denied = min(allowed, MAX_REPORTED), min(denied, MAX_REPORTED)
+        return allowed, denied
 
     def _refuse(self, bucket_id: rlqs_pb2.BucketId, size: int, answer: Answer) -> None:
         """A bucket id over the byte cap: Envoy is told to forget it; nothing is kept."""

@@ -11,10 +11,13 @@ from rls.config.loader import load_files
 from rls.core.model import Check
 from rls.quota.actions import ALLOW_ALL, DENY_ALL, FAILURE_TTL_S, TOKENS_TTL_S
 from rls.quota.limits import QuotaLimits
-from rls.services.quota import SLICE_BUCKETS, QuotaService, QuotaStream
+from rls.quota.share import Dealer
+from rls.services.quota import SLICE_BUCKETS, STORE_TIMEOUT_MS, QuotaService, QuotaStream
 from rls.settings import Settings
 from rls.stores.base import BackendError
 from rls.stores.memory import MemoryBackend
+
+from .test_share import Clock
 
 CONFIG = """
 domain: q
@@ -33,11 +36,17 @@ descriptors:
 def service(
     backend=None, failure_mode: str = "allow", unmatched: str = "allow", **limits
 ) -> QuotaService:
+    """A quota service on `backend`, or on a memory store whose clock (and the dealer's) stands
+    still at the start of a window: a test's reports never straddle a window's end."""
     config = load_files([("q.yaml", CONFIG)])
     settings = Settings(failure_mode=failure_mode)
-    store = backend if backend is not None else MemoryBackend(sweep_interval=0)
-    return QuotaService(lambda: config, store, settings, CollectorRegistry(), unmatched=unmatched,
-                        limits=QuotaLimits(**limits))
+    dealer = None
+    if backend is None:
+        clock = Clock()
+        backend = MemoryBackend(clock=clock, sweep_interval=0)
+        dealer = Dealer(backend, STORE_TIMEOUT_MS, clock)
+    return QuotaService(lambda: config, backend, settings, CollectorRegistry(),
+                        unmatched=unmatched, dealer=dealer, limits=QuotaLimits(**limits))
 
 
 def report(*buckets: tuple[dict[str, str], int, int], elapsed: int = 0):
@@ -223,7 +232,7 @@ def test_idle_buckets_expire_on_a_timer_and_give_their_reservation_back(monkeypa
     monkeypatch.setattr(quota, "FORGET_AFTER_MS", 200)
 
     async def main() -> None:
-        svc = service()
+        svc = service(MemoryBackend(sweep_interval=0))  # the wall clock: idleness must pass
         client = Client(svc)
         assert tokens(await client.ask(report(({"client": "a"}, 0, 0)))) == 4
         assert svc.dealer.peers(client.stream.buckets[(("client", "a"),)].ledgers[0].key) == 1
