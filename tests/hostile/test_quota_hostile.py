@@ -19,6 +19,7 @@ import pytest
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 
 from .helpers import metric
+from .quota_load import report
 
 QUOTA = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
 CONFIG = """
@@ -27,15 +28,6 @@ descriptors:
   - key: client
     rate_limit: {unit: hour, requests_per_unit: 50}
 """
-
-
-def report(names: list[str], pad: str = "") -> bytes:
-    message = rlqs_pb2.RateLimitQuotaUsageReports(domain="q")
-    for name in names:
-        usage = message.bucket_quota_usages.add()
-        usage.bucket_id.bucket["client"] = name + pad
-        usage.num_requests_allowed = 1
-    return message.SerializeToString()
 
 
 def rss_mb(pid: int) -> float:
@@ -109,7 +101,7 @@ def test_a_bucket_id_holding_2_mb_is_abandoned_and_nothing_is_kept(rls_factory, 
         rls.grpc_addr, options=[("grpc.max_receive_message_length", 8 << 20)])
     try:
         call = channel.stream_stream(QUOTA)(
-            iter([report([f"big{i}"], pad="v" * (2 << 20)) for i in range(20)]
+            iter([report([f"big{i}"], value_pad="v" * (2 << 20)) for i in range(20)]
                  + [report(["small"])])
         )
         seen = 0
@@ -173,12 +165,13 @@ async def test_a_report_of_2_to_the_64_requests_is_capped_and_the_bucket_keeps_b
     integer range and the bucket answered the failure mode at every report until the window
     ended. Counts over 2^32 - 1 are capped (and counted as `invalid`)."""
     from quota.test_candidates import CONFIG as CANDIDATES
-    from quota.test_candidates import counts, handle, quota
+    from quota.test_candidates import counts, quota
+    from quota.test_service import actions as answered
     from quota.test_service import report as usage
 
     stream, metrics, _ = quota(CANDIDATES, memory_or_redis)
     for allowed in (2**64 - 1, 2**63, 5):
-        actions = await handle(stream, usage(({"client": "x"}, allowed, 2**64 - 1), elapsed=5))
+        actions = await answered(stream, usage(({"client": "x"}, allowed, 2**64 - 1), elapsed=5))
         (deny, *_) = actions
         assert deny.quota_assignment_action.rate_limit_strategy.blanket_rule == 1  # DENY_ALL
         assert deny.quota_assignment_action.assignment_time_to_live.seconds > 6  # not failure

@@ -10,10 +10,8 @@ the same with candidates as without.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections import Counter
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -30,7 +28,7 @@ from rls.settings import Settings
 from rls.stores.base import Backend
 from rls.stores.memory import MemoryBackend
 
-from .test_service import answer, report
+from .test_service import actions, answer, report
 from .test_share import Clock
 
 LIMIT, HALVE = 40, 20
@@ -70,15 +68,6 @@ def counts(metrics: Metrics, candidate: str) -> tuple[float, float, float]:
     )
 
 
-async def handle(stream: QuotaStream, message: Any) -> list[Any]:
-    """The actions of the stream's answer to one report."""
-    from envoy.service.rate_limit_quota.v3 import rlqs_pb2
-
-    await stream.handle(message)
-    data = stream._out.popleft()
-    return list(rlqs_pb2.RateLimitQuotaResponse.FromString(data).bucket_action)
-
-
 def model(used: int, demand: int, limit: int) -> tuple[int, int]:
     """(over, near) of `demand` requests on a fixed window already holding `used`: request
     number j (used < j <= used + demand) is over past `limit`, near past 80 % of it."""
@@ -98,7 +87,7 @@ async def test_candidates_report_the_requests_past_their_room_report_by_report(
     for _ in range(30):
         client = rng.choice("ab")
         allowed, denied = rng.randint(0, 6), rng.randint(0, 3)
-        await handle(stream, report(({"client": client}, allowed, denied), elapsed=5))
+        await actions(stream, report(({"client": client}, allowed, denied), elapsed=5))
         demand = allowed + denied
         for name, limit in (("same", LIMIT), ("halve", HALVE)):
             over, near = model(used[client, name], demand, limit)
@@ -124,8 +113,8 @@ async def test_candidates_never_change_what_envoy_is_told() -> None:
         clock.now += rng.choice((1, 5, 60))
         message = report(({"client": rng.choice("ab")}, rng.randint(0, 9), rng.randint(0, 4)),
                          elapsed=5)
-        a = await handle(with_candidates, message)
-        b = await handle(without, message)
+        a = await actions(with_candidates, message)
+        b = await actions(without, message)
         assert [x.SerializeToString() for x in a] == [x.SerializeToString() for x in b]
 
 
@@ -185,7 +174,7 @@ async def test_a_candidate_is_given_back_what_it_was_charged_past_its_room(
 
 async def test_top_lists_the_buckets_a_candidate_would_have_limited() -> None:
     stream, _, top = quota(CONFIG, MemoryBackend(sweep_interval=0))
-    await handle(stream, report(({"client": "bob"}, 18, 7), elapsed=5))  # 25 of halve's 20
+    await actions(stream, report(({"client": "bob"}, 18, 7), elapsed=5))  # 25 of halve's 20
     rows = merge_candidates([top.snapshot()])["q"]
     assert rows == [{"limit": "q.client", "candidate": "halve", "descriptor": "client=bob",
                      "over": 5, "near": 4, "error": 0}]
@@ -202,11 +191,11 @@ async def test_a_domain_without_candidates_sends_none_to_the_store(
     plain = "domain: q\ndescriptors:\n  - key: client\n    rate_limit: {unit: hour, " \
         "requests_per_unit: 4}\n"
     stream, _, _ = quota(plain, MemoryBackend(sweep_interval=0))
-    actions = await handle(stream, report(({"client": "a"}, 2, 1), elapsed=5))
-    assert actions
+    answered = await actions(stream, report(({"client": "a"}, 2, 1), elapsed=5))
+    assert answered
     # and with candidates but nowhere to report them (a QuotaService built without a reporter)
     quiet, _, _ = quota(CONFIG, MemoryBackend(sweep_interval=0), counted=False)
-    assert await handle(quiet, report(({"client": "a"}, 2, 1), elapsed=5))
+    assert await actions(quiet, report(({"client": "a"}, 2, 1), elapsed=5))
 
 
 def test_checks_are_counted_per_request_not_per_report() -> None:
@@ -215,5 +204,5 @@ def test_checks_are_counted_per_request_not_per_report() -> None:
     stream, metrics, _ = quota(CONFIG, MemoryBackend(sweep_interval=0))
     answer(stream, report(({"client": "a"}, 0, 0), elapsed=5))
     assert counts(metrics, "same") == (0, 0, 0)
-    asyncio.run(stream.handle(report(({"client": "a"}, 3, 2), elapsed=5)))
+    answer(stream, report(({"client": "a"}, 3, 2), elapsed=5))
     assert counts(metrics, "same") == (5, 0, 0)

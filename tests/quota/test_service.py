@@ -60,11 +60,16 @@ def report(*buckets: tuple[dict[str, str], int, int], elapsed: int = 0):
     return message
 
 
-def answer(stream: QuotaStream, message) -> list:
-    asyncio.run(stream.handle(message))
+async def actions(stream: QuotaStream, message) -> list:
+    """The actions of the stream's one answer to `message`."""
+    await stream.handle(message)
     data = stream._out.popleft()
     assert not stream._out
     return list(rlqs_pb2.RateLimitQuotaResponse.FromString(data).bucket_action)
+
+
+def answer(stream: QuotaStream, message) -> list:
+    return asyncio.run(actions(stream, message))
 
 
 def test_new_limited_bucket_gets_a_blanket_rule_then_a_full_token_bucket_at_once() -> None:

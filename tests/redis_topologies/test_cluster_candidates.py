@@ -78,8 +78,8 @@ async def test_quota_stream_candidates_count_across_cluster_slots(
     """An RLQS report settles the live reservation and charges the candidates in one store
     call, whose keys span masters here: each candidate still reports the requests past its
     room, report by report."""
-    from quota.test_candidates import CONFIG, HALVE, LIMIT, counts, handle, model, quota
-    from quota.test_service import report
+    from quota.test_candidates import CONFIG, HALVE, LIMIT, counts, model, quota
+    from quota.test_service import actions, report
 
     monkeypatch.setattr(redis_connect, "RedisCluster", _ClusterWithoutRetryOnTimeout)
     backend = RedisBackend(fresh_cluster.url, timeout_ms=IN_PROCESS_TIMEOUT_MS)
@@ -92,7 +92,7 @@ async def test_quota_stream_candidates_count_across_cluster_slots(
         for _ in range(16):
             client = rng.choice("abcd")
             allowed, denied = rng.randint(0, 9), rng.randint(0, 4)
-            await handle(stream, report(({"client": client}, allowed, denied), elapsed=5))
+            await actions(stream, report(({"client": client}, allowed, denied), elapsed=5))
             for name, limit in (("same", LIMIT), ("halve", HALVE)):
                 over, near = model(used[client, name], allowed + denied, limit)
                 used[client, name] += allowed + denied
