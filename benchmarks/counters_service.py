@@ -43,7 +43,7 @@ from _common import (
     write_results,
 )
 
-from rls.counters.proto import counters_pb2 as pb
+from rls.frequency.proto import counters_pb2 as pb
 
 SERVICE = "/rls.counters.v1.Counters/"
 KEYS = 10_000

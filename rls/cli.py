@@ -12,16 +12,16 @@ from collections.abc import Sequence
 from dataclasses import fields
 from importlib import metadata
 
-from rls.cache import check_cache_file, is_cache_file
 from rls.cli_hints import parse_args
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.loader import discover, load_files, load_paths, read_text, yaml_files_under
 from rls.config.reload import check_config_command
 from rls.config.yaml_source import parse_yaml
-from rls.counters.model import is_counters_doc
-from rls.counters.model import load_config as load_counters_config
 from rls.event_loop import loop_factory
+from rls.frequency.model import is_counters_doc
+from rls.frequency.model import load_config as load_counters_config
 from rls.logging_setup import setup_logging
+from rls.response_cache import check_cache_file, is_cache_file
 from rls.settings import (
     CHOICES,
     REFERENCE_ENV,

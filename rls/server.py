@@ -16,22 +16,22 @@ from aiohttp import web
 
 from rls.admin.app import RUNNER_OPTIONS, AdminState, create_app
 from rls.admin.auth import admin_token
-from rls.admin.cache import add_cache_routes
+from rls.admin.response_cache import add_cache_routes
 from rls.admin.switches import follow_shared
-from rls.cache.cache import ResponseCache
-from rls.cache.store import GuardedStore, StoreError
 from rls.config.errors import ConfigError
 from rls.config.model import RateLimitConfig
 from rls.config.reload import ConfigHolder, check_config_command
-from rls.counters.grpc_api import CountersGrpc
-from rls.counters.model import CountersConfig, load_config
-from rls.counters.service import CountersService
 from rls.engine.candidates import CandidateReporter
 from rls.engine.limiter import RateLimiter
 from rls.engine.top import TopTalkers, dumps_snapshot
+from rls.frequency.grpc_api import CountersGrpc
+from rls.frequency.model import CountersConfig, load_config
+from rls.frequency.service import CountersService
 from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
 from rls.grpc_auth import interceptors
 from rls.metrics import Metrics
+from rls.response_cache.cache import ResponseCache
+from rls.response_cache.store import GuardedStore, StoreError
 from rls.services.extproc import EXTPROC_MAX_MESSAGE, build_cache, warn_if_open
 from rls.services.health import create_health, health_handler, set_serving
 from rls.services.quota import QuotaService

@@ -12,8 +12,8 @@ from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from rls.admin.auth import IDLE_SECONDS, MAX_BODY_BYTES, BadBody, guard, read_json
-from rls.admin.counters import add_counter_routes
-from rls.admin.freq import add_freq_routes
+from rls.admin.frequency import add_freq_routes
+from rls.admin.limit_counters import add_counter_routes
 from rls.admin.switches import add_switch_routes, publish, switch_state
 from rls.admin.top import add_top_routes
 from rls.admin.usage import add_usage_routes

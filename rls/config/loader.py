@@ -161,9 +161,9 @@ def config_files(paths: Iterable[str]) -> list[str]:
 def is_cache_doc(doc: Any) -> bool:
     """Whether a parsed document is a response-cache rules file rather than descriptors.
 
-    Same rule as rls.cache.config.is_cache_file (a mapping with `rules` and no `domain`, or a
-    list whose first item is a mapping with `api`), applied to the document the loader has
-    already read within its budgets instead of opening the file a second time.
+    Same rule as rls.response_cache.config.is_cache_file (a mapping with `rules` and no
+    `domain`, or a list whose first item is a mapping with `api`), applied to the document the
+    loader has already read within its budgets instead of opening the file a second time.
     """
     if isinstance(doc, dict):
         return "rules" in doc and "domain" not in doc

@@ -14,8 +14,6 @@ from rls.core.model import CANDIDATE, FLAG_BITS, NEGATIVE, TWIN_SHIFT, Check
 from rls.engine.decision import OVER_LIMIT, UNLIMITED_REMAINING, DescriptorIn, Status
 from rls.memo import STR_OVERHEAD, TUPLE_OVERHEAD, BoundedCache, entries_cost
 
-MEMO_MAX = 10_000  # match results kept per domain (rls.memo.MATCH_MEMO_ENTRIES)
-
 
 def match_targets(
     dom: Domain, domain: str, entries: tuple[tuple[str, str], ...], prefix: str

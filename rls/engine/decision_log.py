@@ -35,7 +35,6 @@ from typing import Any
 from rls.engine.decision import DescriptorIn
 
 QUEUE_MAX = 10_000  # lines waiting for the writer thread
-FORMAT_VERSION = 1
 
 
 def line(ts_ms: int, code: str, domain: str, descriptors: Sequence[DescriptorIn],

@@ -31,7 +31,7 @@ from rls.engine.decision import (
 )
 from rls.engine.decision_log import DecisionLog
 from rls.engine.fallback import FallbackLimiter
-from rls.engine.local_cache import OverLimitCache
+from rls.engine.over_limit_cache import OverLimitCache
 from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.engine.unknown_domains import UnknownDomains
 from rls.logging_setup import LogGate

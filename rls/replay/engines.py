@@ -213,6 +213,3 @@ class Replayer:
         if shape.domain in self.fast_domains:
             return self.fast.decide(ts, shape)
         return await self.general.decide(ts, shape)
-
-    def live_counters(self) -> int:
-        return len(self.fast.cells) + len(self.general.store)

@@ -19,7 +19,7 @@ Every message gets exactly one reply, in order (envoy.md §5). The flow:
 
 Every write (a miss's store, a hit's TTL refresh) is handed to the writer *before* the reply
 that ends the stream is written: Envoy ends the stream on that reply and grpc.aio cancels this
-handler, so work started after the write may never start (rls/cache/writer.py). The reply
+handler, so work started after the write may never start (rls/response_cache/writer.py). The reply
 still never waits for the store.
 
 Why the body is asked for only at response_headers, measured on Envoy 1.40: with BUFFERED
@@ -58,9 +58,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import duration_pb2
 from prometheus_client import CollectorRegistry
 
-from rls.cache.cache import Fill, RequestKey, ResponseCache
-from rls.cache.config import CacheConfig, CacheRule, load_cache_config
-from rls.cache.entry import (
+from rls.response_cache.cache import Fill, RequestKey, ResponseCache
+from rls.response_cache.config import CacheConfig, CacheRule, load_cache_config
+from rls.response_cache.entry import (
     Entry,
     cache_control,
     header_problem,
@@ -69,11 +69,11 @@ from rls.cache.entry import (
     storable_headers,
     vary_names,
 )
-from rls.cache.jsonbody import Body, body_weight, key_members
-from rls.cache.keys import Headers, select_rule
-from rls.cache.metrics import CacheMetrics
-from rls.cache.store import create_store
-from rls.cache.writer import WriteJob
+from rls.response_cache.jsonbody import Body, body_weight, key_members
+from rls.response_cache.keys import Headers, select_rule
+from rls.response_cache.metrics import CacheMetrics
+from rls.response_cache.store import create_store
+from rls.response_cache.writer import WriteJob
 from rls.services.decoding import decode
 from rls.settings import is_loopback
 

@@ -18,7 +18,7 @@ Answers per bucket:
 - a bucket id over RLS_QUOTA_BUCKET_ID_BYTES: `abandon_action`, nothing kept;
 - store failure: the failure mode (allow / deny) for 6 s, retried at the next report.
 
-Bounds (rls.quota.limits): a report is worked through in slices of a few ms of the event loop;
+Bounds (rls.quota.bounds): a report is worked through in slices of a few ms of the event loop;
 answers a client has not read are capped in bytes per stream and over all streams (over the
 cap the next report is not read, so gRPC flow control holds the client back; a stream stalled
 that way is ended); bucket ids are capped in count and bytes; buckets Envoy stopped listing
@@ -63,7 +63,7 @@ from rls.quota.actions import (
     blanket,
     tokens,
 )
-from rls.quota.limits import QuotaLimits
+from rls.quota.bounds import QuotaBounds
 from rls.quota.match import order_bucket
 from rls.quota.metrics import QuotaMetrics
 from rls.quota.outbox import Outbox, OutboxPool, Stalled
@@ -97,7 +97,7 @@ DRAIN_FLUSH_S = 1.0  # a draining stream's last answers get this long to go out
 LIMITED, UNLIMITED, UNMATCHED, UNSUPPORTED = "limited", "unlimited", "unmatched", "unsupported"
 
 BucketKey = tuple[tuple[str, str], ...]
-Status = tuple[grpc.StatusCode, str]
+AbortStatus = tuple[grpc.StatusCode, str]
 
 
 @dataclass(slots=True)
@@ -150,12 +150,12 @@ class QuotaService:
         registry: CollectorRegistry,
         unmatched: str | None = None,
         dealer: Dealer | None = None,
-        limits: QuotaLimits | None = None,
+        limits: QuotaBounds | None = None,
         candidates: CandidateReporter | None = None,
     ) -> None:
         self._config = config
         self.settings = settings
-        self.limits = limits or QuotaLimits.from_env()
+        self.limits = limits or QuotaBounds.from_env()
         self.metrics = QuotaMetrics(registry)
         self.dealer = dealer or Dealer(backend, max(settings.backend_timeout_ms, STORE_TIMEOUT_MS))
         # Candidate limits are counted where their verdicts have somewhere to go (the server's
@@ -315,13 +315,13 @@ class QuotaStream:
                            self.limits.stalled_s)
         self._wake = asyncio.Event()
         self._ended = asyncio.Event()
-        self.status: Status | None = None
+        self.status: AbortStatus | None = None
         self.warned_id = False
         self._finishing = False  # draining: no report is answered any more
 
     async def run(
         self, requests: AsyncIterator[bytes], write: Callable[[bytes], Awaitable[None]]
-    ) -> Status | None:
+    ) -> AbortStatus | None:
         """Serve until the client ends or the stream is ended; the status to end with."""
         loop = asyncio.get_running_loop()
         tasks = [
@@ -339,12 +339,12 @@ class QuotaStream:
                     await task
         return self.status
 
-    def end(self, status: Status | None = None) -> None:
+    def end(self, status: AbortStatus | None = None) -> None:
         if self.status is None:
             self.status = status
         self._ended.set()
 
-    async def finish(self, status: Status) -> None:
+    async def finish(self, status: AbortStatus) -> None:
         """Drain: answer nothing more; renew each token bucket Envoy holds as it is (an
         identical token bucket keeps its remaining tokens, and its TTL restarts: Envoy keeps
         enforcing what it has until its next report reaches a live rls), then end."""

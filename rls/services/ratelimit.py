@@ -30,7 +30,6 @@ from rls.settings import Settings
 log = logging.getLogger("rls.service")
 
 SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
-PARSE_MEMO_MAX = PARSE_MEMO_ENTRIES  # distinct request encodings remembered
 
 # (domain, descriptors, request hits_addend, the decoded request when at hand)
 Parsed = tuple[str, list[DescriptorIn], int, rls_pb2.RateLimitRequest | None]

@@ -30,9 +30,9 @@ from support.envoy import find_envoy as find_envoy  # re-exported
 from support.processes import stop_process
 from support.waiting import wait_until as poll  # the cache suites' name
 
-from rls.admin.cache import add_cache_routes
-from rls.cache.cache import ResponseCache
+from rls.admin.response_cache import add_cache_routes
 from rls.demo import socket_addresses
+from rls.response_cache.cache import ResponseCache
 from rls.services.extproc import ExtProcService, build_cache
 
 T = TypeVar("T")

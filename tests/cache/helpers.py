@@ -8,10 +8,10 @@ from typing import Any
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from rls.cache.cache import ResponseCache
-from rls.cache.config import API_ATTRIBUTE, CacheConfig, parse_cache_config
-from rls.cache.metrics import CacheMetrics
-from rls.cache.store import GuardedStore, MemoryCacheStore
+from rls.response_cache.cache import ResponseCache
+from rls.response_cache.config import API_ATTRIBUTE, CacheConfig, parse_cache_config
+from rls.response_cache.metrics import CacheMetrics
+from rls.response_cache.store import GuardedStore, MemoryCacheStore
 from rls.services.extproc import ATTRIBUTES, ExtProcService
 
 RULES = """

@@ -6,9 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from rls.cache import check_cache_file, is_cache_file, load_cache_config
-from rls.cache.config import API_ATTRIBUTE, DEFAULT_MAX_ENTRY, DEFAULT_TTL, parse_cache_config
 from rls.config.errors import ConfigError
+from rls.response_cache import check_cache_file, is_cache_file, load_cache_config
+from rls.response_cache.config import (
+    API_ATTRIBUTE,
+    DEFAULT_MAX_ENTRY,
+    DEFAULT_TTL,
+    parse_cache_config,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

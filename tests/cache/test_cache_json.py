@@ -1,4 +1,4 @@
-"""JSON members of a request body (rls/cache/jsonbody.py): the weight rules of `hits_from`,
+"""JSON members of a request body (rls/response_cache/jsonbody.py): the weight rules of `hits_from`,
 the key parts of `key_fields`, their config validation, and the servicer's replies."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rls.cache.config import ConfigError, parse_cache_config
-from rls.cache.jsonbody import MAX_WEIGHT, Body, body_weight, canonical, key_members
-from rls.cache.keys import Headers, request_digest
+from rls.response_cache.config import ConfigError, parse_cache_config
+from rls.response_cache.jsonbody import MAX_WEIGHT, Body, body_weight, canonical, key_members
+from rls.response_cache.keys import Headers, request_digest
 from rls.services.extproc import REQUEST_BODY_AND_RESPONSE_HEADERS, WEIGHT_KEY, WEIGHT_NAMESPACE
 
 from .helpers import (

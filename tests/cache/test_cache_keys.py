@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rls.cache.config import API_ATTRIBUTE
-from rls.cache.entry import (
+from rls.response_cache.config import API_ATTRIBUTE
+from rls.response_cache.entry import (
     KIND_VARY,
     Entry,
     EntryError,
@@ -15,8 +15,8 @@ from rls.cache.entry import (
     storable_headers,
     vary_names,
 )
-from rls.cache.keys import Headers, entry_key, request_digest, select_rule, vary_digest
-from rls.cache.store import bound_key
+from rls.response_cache.keys import Headers, entry_key, request_digest, select_rule, vary_digest
+from rls.response_cache.store import bound_key
 
 from .helpers import config
 

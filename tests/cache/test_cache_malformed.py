@@ -1,12 +1,12 @@
-"""Response headers no HTTP peer sends (rls/cache/entry.py header_problem): judged without
+"""Response headers no HTTP peer sends (rls/response_cache/entry.py header_problem): judged without
 int() on unbounded or non-ASCII text, named in one line, never an exception."""
 
 from __future__ import annotations
 
 import pytest
 
-from rls.cache.entry import content_length, header_problem, status_code
-from rls.cache.keys import Headers
+from rls.response_cache.entry import content_length, header_problem, status_code
+from rls.response_cache.keys import Headers
 
 
 def headers(*pairs: tuple[str, bytes]) -> Headers:

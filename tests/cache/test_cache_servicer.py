@@ -8,7 +8,7 @@ import time
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from rls.cache.store import MemoryCacheStore, StoreError
+from rls.response_cache.store import MemoryCacheStore, StoreError
 from rls.services.extproc import (
     DETAILS,
     REQUEST_BODY_AND_RESPONSE_HEADERS,

@@ -12,11 +12,11 @@ import redis
 from conftest import RedisServer, free_port, start_redis
 from prometheus_client import CollectorRegistry
 
-from rls.cache.cache import ResponseCache
-from rls.cache.config import parse_cache_config
-from rls.cache.keys import Headers
-from rls.cache.metrics import CacheMetrics
-from rls.cache.store import (
+from rls.response_cache.cache import ResponseCache
+from rls.response_cache.config import parse_cache_config
+from rls.response_cache.keys import Headers
+from rls.response_cache.metrics import CacheMetrics
+from rls.response_cache.store import (
     ENTRY_OVERHEAD,
     GuardedStore,
     MemoryCacheStore,

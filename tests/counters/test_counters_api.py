@@ -11,8 +11,8 @@ import grpc
 import pytest
 from conftest import start_redis
 
-from rls.counters.proto import counters_pb2 as pb
-from rls.counters.proto import counters_pb2_grpc
+from rls.frequency.proto import counters_pb2 as pb
+from rls.frequency.proto import counters_pb2_grpc
 
 TOKEN = "c0unters"
 CONFIG = (

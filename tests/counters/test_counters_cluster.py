@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from redis_topologies.servers import start_cluster
 
-from rls.counters.model import CountersConfig, make_item
-from rls.counters.service import CountersService
+from rls.frequency.model import CountersConfig, make_item
+from rls.frequency.service import CountersService
 from rls.stores import create_backend
 
 

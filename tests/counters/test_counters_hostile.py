@@ -23,7 +23,7 @@ from support.net import http_call
 
 from rls.admin.auth import BODY_SECONDS
 from rls.config.model import Unit
-from rls.counters.model import (
+from rls.frequency.model import (
     MAX_LISTING,
     MAX_SPANS,
     UNITS,
@@ -32,10 +32,10 @@ from rls.counters.model import (
     InvalidItem,
     make_item,
 )
-from rls.counters.proto import counters_pb2 as pb
-from rls.counters.proto import counters_pb2_grpc
-from rls.counters.service import CountersService
-from rls.counters.stores import MemoryCounterStore, RedisCounterStore, _cost
+from rls.frequency.proto import counters_pb2 as pb
+from rls.frequency.proto import counters_pb2_grpc
+from rls.frequency.service import CountersService
+from rls.frequency.storage import MemoryCounterStore, RedisCounterStore, _cost
 
 TOKEN = "c0unters"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from conftest import start_redis
 from prometheus_client import CollectorRegistry
 
-from rls.counters.model import (
+from rls.frequency.model import (
     CountersConfig,
     DomainOptions,
     InvalidItem,
@@ -22,8 +22,8 @@ from rls.counters.model import (
     load_config,
     make_item,
 )
-from rls.counters.service import CountersService
-from rls.counters.stores import CounterStoreError, MemoryCounterStore, RedisCounterStore
+from rls.frequency.service import CountersService
+from rls.frequency.storage import CounterStoreError, MemoryCounterStore, RedisCounterStore
 
 SH = ZoneInfo("Asia/Shanghai")
 
@@ -228,7 +228,7 @@ async def test_redis_rolling_window_keeps_its_first_hit_expiry(redis_url):
 
 async def test_redis_calendar_bounds_follow_store_clock_not_host(redis_url, monkeypatch):
     """Our host clock is a full day behind; the script still counts in the store's day."""
-    import rls.counters.stores as stores
+    import rls.frequency.storage as stores
 
     client = aioredis.from_url(redis_url)
     try:
@@ -284,8 +284,8 @@ async def test_redis_down_add_raises_and_get_answers_last_known_value_stale():
 
 
 async def test_stale_cache_is_bounded_in_entries_and_bytes():
-    from rls.counters.caches import StaleCache
-    from rls.counters.model import Result
+    from rls.frequency.local_answers import StaleCache
+    from rls.frequency.model import Result
 
     cache = StaleCache(max_entries=10, max_bytes=10_000)
     for i in range(50):

@@ -24,7 +24,7 @@ from support.envoy import find_envoy
 
 from rls.cli import _parser as rls_parser
 from rls.config.parser import VALID_KEYS
-from rls.counters.model import load_config as load_counters_config
+from rls.frequency.model import load_config as load_counters_config
 from rls.replay.cli import _parser as replay_parser
 
 from .docblocks import DOCS, Block, blocks

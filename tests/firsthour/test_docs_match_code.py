@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rls.cache.config import load_cache_config
+from rls.response_cache.config import load_cache_config
 from rls.stores.urls import normalize_redis_url
 
 from .helpers import ROOT

@@ -14,8 +14,8 @@ import grpc
 import pytest
 from conftest import RlsProcess, start_redis
 
-from rls.counters.model import MAX_BATCH, MAX_DOMAIN_BYTES, MAX_HITS, MAX_KEY_BYTES
-from rls.counters.proto import counters_pb2
+from rls.frequency.model import MAX_BATCH, MAX_DOMAIN_BYTES, MAX_HITS, MAX_KEY_BYTES
+from rls.frequency.proto import counters_pb2
 
 from .grpc_surface import assert_no_traceback, assert_serving, code_of, start_rls
 

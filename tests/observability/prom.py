@@ -24,7 +24,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from support.processes import stop_process
 from support.system import require_binary
 
-from rls.cache.config import API_ATTRIBUTE
+from rls.response_cache.config import API_ATTRIBUTE
 from rls.services.extproc import ATTRIBUTES
 
 CHART_FILES = Path(__file__).resolve().parents[2] / "helm" / "rls" / "files"

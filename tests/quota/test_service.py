@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from rls.config.loader import load_files
 from rls.core.model import Check
 from rls.quota.actions import ALLOW_ALL, DENY_ALL, FAILURE_TTL_S, TOKENS_TTL_S
-from rls.quota.limits import QuotaLimits
+from rls.quota.bounds import QuotaBounds
 from rls.quota.share import Dealer
 from rls.services.quota import SLICE_BUCKETS, STORE_TIMEOUT_MS, QuotaService, QuotaStream
 from rls.settings import Settings
@@ -46,7 +46,7 @@ def service(
         backend = MemoryBackend(clock=clock, sweep_interval=0)
         dealer = Dealer(backend, STORE_TIMEOUT_MS, clock)
     return QuotaService(lambda: config, backend, settings, CollectorRegistry(),
-                        unmatched=unmatched, dealer=dealer, limits=QuotaLimits(**limits))
+                        unmatched=unmatched, dealer=dealer, limits=QuotaBounds(**limits))
 
 
 def report(*buckets: tuple[dict[str, str], int, int], elapsed: int = 0):

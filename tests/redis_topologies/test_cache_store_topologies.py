@@ -3,7 +3,7 @@ work for the cache store as they do for counters (entries, TTLs, versions)."""
 
 from __future__ import annotations
 
-from rls.cache.store import create_store
+from rls.response_cache.store import create_store
 
 from .servers import ClusterTopology, SentinelTopology
 

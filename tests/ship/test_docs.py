@@ -57,7 +57,7 @@ def _metric_names() -> set[str]:
     names = set()
     registries = [Metrics().registry]
     try:
-        from rls.cache.metrics import CacheMetrics
+        from rls.response_cache.metrics import CacheMetrics
     except ImportError:  # the cache may be absent from a build
         pass
     else:

@@ -20,9 +20,9 @@ from typing import Any
 from aiohttp import web
 
 from rls.admin.auth import BadBody, Handler, read_json, requires_token
-from rls.counters.model import MAX_BATCH, InvalidItem, Item, Result, item_from_json
-from rls.counters.service import CountersService
-from rls.counters.stores import CounterStoreError
+from rls.frequency.model import MAX_BATCH, InvalidItem, Item, Result, item_from_json
+from rls.frequency.service import CountersService
+from rls.frequency.storage import CounterStoreError
 
 SERVICE_KEY = web.AppKey("counters_service", CountersService)
 

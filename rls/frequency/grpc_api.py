@@ -12,10 +12,10 @@ from typing import Any
 
 import grpc
 
-from rls.counters.model import MAX_BATCH, InvalidItem, Item, Result, make_item
-from rls.counters.proto import counters_pb2
-from rls.counters.service import CountersService
-from rls.counters.stores import CounterStoreError
+from rls.frequency.model import MAX_BATCH, InvalidItem, Item, Result, make_item
+from rls.frequency.proto import counters_pb2
+from rls.frequency.service import CountersService
+from rls.frequency.storage import CounterStoreError
 from rls.services import decoding
 
 pb: Any = counters_pb2  # generated module: no type information

@@ -14,7 +14,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rls.cache.config import CacheConfig, CacheRule
+from rls.response_cache.config import CacheConfig, CacheRule
 
 _LEN = struct.Struct(">I")
 
@@ -90,7 +90,7 @@ def request_digest(
     """SHA-256 of the rule's key parts for this request (method always included).
 
     `members`: with `key_fields`, each listed JSON member's canonical bytes in the listed order,
-    None when absent (rls/cache/jsonbody.py), each part tagged with its member name.
+    None when absent (rls/response_cache/jsonbody.py), each part tagged with its member name.
     """
     h = hashlib.sha256()
     _part(h, b"M", method.encode())

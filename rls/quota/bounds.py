@@ -13,7 +13,7 @@ MIB = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
-class QuotaLimits:
+class QuotaBounds:
     # Answers queued for a client that has not read them yet. Over the per-stream cap rls reads
     # no further report from that stream (gRPC flow control then holds the client back); over
     # the global cap no stream's next report is read until the total falls.
@@ -37,7 +37,7 @@ class QuotaLimits:
     adopt_s: float = 15.0
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> QuotaLimits:
+    def from_env(cls, environ: dict[str, str] | None = None) -> QuotaBounds:
         env = os.environ if environ is None else environ
         values: dict[str, float | int] = {}
         for f in fields(cls):

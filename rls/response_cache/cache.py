@@ -11,7 +11,8 @@ default 200 ms message timeout), then looks up again and, still missing, goes up
 Waiting longer needs Envoy's `max_message_timeout` raised: the servicer asks Envoy for more time
 (`override_message_timeout`) before it waits.
 
-Writes (a miss's store, a hit's TTL refresh) go through `CacheWriter` (rls/cache/writer.py):
+Writes (a miss's store, a hit's TTL refresh) go through `CacheWriter`
+(rls/response_cache/writer.py):
 the servicer submits them before its reply goes out, so Envoy closing the stream cannot lose
 them; `close` drains them within `write_drain_ms`.
 """
@@ -26,12 +27,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rls.cache.config import CacheConfig, CacheRule
-from rls.cache.entry import KIND_VARY, Entry, EntryError
-from rls.cache.keys import Headers, entry_key, request_digest, vary_digest, version_key
-from rls.cache.metrics import CacheMetrics
-from rls.cache.store import GuardedStore, StoreDown, StoreError
-from rls.cache.writer import REFRESH, STORE, CacheWriter, WriteJob
+from rls.response_cache.config import CacheConfig, CacheRule
+from rls.response_cache.entry import KIND_VARY, Entry, EntryError
+from rls.response_cache.keys import Headers, entry_key, request_digest, vary_digest, version_key
+from rls.response_cache.metrics import CacheMetrics
+from rls.response_cache.store import GuardedStore, StoreDown, StoreError
+from rls.response_cache.writer import REFRESH, STORE, CacheWriter, WriteJob
 
 log = logging.getLogger("rls.cache")
 

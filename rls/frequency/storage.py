@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rls.counters.model import MAX_LISTING, Item, Result, original_key
+from rls.frequency.model import MAX_LISTING, Item, Result, original_key
 from rls.stores.memory import DEFAULT_MAX_BYTES, ENTRY_BYTES, LOW_WATER, least_recent
 from rls.stores.pipelining import ScriptBatcher
 

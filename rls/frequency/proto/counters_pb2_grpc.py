@@ -2,7 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
-from rls.counters.proto import counters_pb2 as rls_dot_counters_dot_proto_dot_counters__pb2
+from rls.frequency.proto import counters_pb2 as rls_dot_counters_dot_proto_dot_counters__pb2
 
 
 class CountersStub(object):

@@ -7,8 +7,13 @@ Rule files are validated by `load_cache_config` / `check_cache_file`.
 
 from __future__ import annotations
 
-from rls.cache.cache import ResponseCache
-from rls.cache.config import CacheConfig, check_cache_file, is_cache_file, load_cache_config
+from rls.response_cache.cache import ResponseCache
+from rls.response_cache.config import (
+    CacheConfig,
+    check_cache_file,
+    is_cache_file,
+    load_cache_config,
+)
 
 __all__ = [
     "CacheConfig",

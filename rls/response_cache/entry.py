@@ -15,8 +15,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from rls.cache.config import CacheRule
-from rls.cache.keys import Headers
+from rls.response_cache.config import CacheRule
+from rls.response_cache.keys import Headers
 
 KIND_RESPONSE = 1
 KIND_VARY = 2

@@ -19,7 +19,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from rls.cache.jsonbody import WEIGHT_SOURCES as WEIGHT_SOURCES  # the `source` label values
+from rls.response_cache.jsonbody import (
+    WEIGHT_SOURCES as WEIGHT_SOURCES,  # the `source` label values
+)
 
 BYPASS_REASONS = (
     "no_rule",  # no rule selects the request's API
@@ -43,7 +45,6 @@ BYPASS_REASONS = (
     "malformed_header",  # :status or Content-Length no HTTP peer sends (a hostile caller)
 )
 ERROR_OPS = ("version", "get", "set", "expire", "purge", "decode")
-WRITE_KINDS = ("store", "refresh")
 
 
 class CacheMetrics:

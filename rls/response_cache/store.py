@@ -28,7 +28,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from rls.cache.metrics import CacheMetrics
+from rls.response_cache.metrics import CacheMetrics
 from rls.stores.connect import connect
 
 T = TypeVar("T")

@@ -124,7 +124,8 @@ class CacheRule:
     # Envoy answers 500 when such a body outgrows its stream buffer limit.
     buffer_unknown_length: bool = False
     # `hits_from: json:NAME`: the request's weight for Envoy's ratelimit filter comes from this
-    # top-level member of a JSON body (rls/cache/jsonbody.py), sent back as dynamic metadata.
+    # top-level member of a JSON body (rls/response_cache/jsonbody.py), sent back as dynamic
+    # metadata.
     hits_from: str | None = None
     # Largest body parsed as JSON for `key_fields` / `hits_from` (bigger: the documented rule).
     max_json_bytes: int = DEFAULT_MAX_JSON
@@ -146,7 +147,8 @@ class CacheConfig:
     version_cache_ms: int = 1000
     # memory:// store: LRU budget in bytes (keys + values + per-entry overhead)
     memory_max_bytes: int = DEFAULT_MEMORY_BYTES
-    # Background writer (rls/cache/writer.py): workers, queue bounds, drain deadline at shutdown
+    # Background writer (rls/response_cache/writer.py): workers, queue bounds, drain deadline
+    # at shutdown
     writer_workers: int = 4
     write_queue_size: int = 1000
     write_queue_bytes: int = DEFAULT_QUEUE_BYTES

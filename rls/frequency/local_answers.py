@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from rls.counters.model import Result
+from rls.frequency.model import Result
 
 log = logging.getLogger("rls.counters")
 

@@ -11,7 +11,7 @@ Bounded: at most `max_jobs` queued jobs and `max_bytes` of entry data; a job tha
 is dropped and counted (`rls_cache_writes_dropped_total{kind,api}`), never waited for, so the
 reply path never blocks on a slow store. `close` drains what is queued within a deadline; jobs
 still pending then are cancelled and counted as dropped. Every submitted job ends in exactly
-one counter (see rls/cache/metrics.py for the sums).
+one counter (see rls/response_cache/metrics.py for the sums).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from rls.cache.metrics import CacheMetrics
+from rls.response_cache.metrics import CacheMetrics
 
 log = logging.getLogger("rls.cache")
 

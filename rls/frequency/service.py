@@ -17,9 +17,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from rls.counters.caches import HotKeys, StaleCache, follow_invalidations
-from rls.counters.model import MAX_BATCH, CountersConfig, InvalidItem, Item, Result
-from rls.counters.stores import (
+from rls.frequency.local_answers import HotKeys, StaleCache, follow_invalidations
+from rls.frequency.model import MAX_BATCH, CountersConfig, InvalidItem, Item, Result
+from rls.frequency.storage import (
     CounterStore,
     CounterStoreError,
     MemoryCounterStore,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from rls.admin.auth import requires_token
-from rls.cache.cache import ResponseCache
-from rls.cache.store import StoreError
+from rls.response_cache.cache import ResponseCache
+from rls.response_cache.store import StoreError
 
 CACHE_KEY = web.AppKey("rls_cache", ResponseCache)
 
