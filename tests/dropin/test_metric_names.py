@@ -25,6 +25,8 @@ def test_recording_rules_rename_and_split_the_stats_key(tmp_path: Path) -> None:
     promtool = require_binary("promtool", "prometheus")
     (tmp_path / "rules.yaml").write_text(documented_rules())
     series, checks = [], []
+    deep = 'domain="eg",key1="client_a",key2="path_x",key="eg.client_a.path_x"'
+    shallow = 'domain="other",key1="user",key="other.user"'  # one level: no key2
     for n, stat in enumerate(PER_LIMIT, start=1):
         series.append(f"""      - series: 'rls_limit_{stat}_total{{key="eg.client_a.path_x"}}'
         values: '0 {n} {2 * n}'
@@ -33,9 +35,9 @@ def test_recording_rules_rename_and_split_the_stats_key(tmp_path: Path) -> None:
         checks.append(f"""      - expr: ratelimit_service_rate_limit_{stat}
         eval_time: 2m
         exp_samples:
-          - labels: 'ratelimit_service_rate_limit_{stat}{{domain="eg",key1="client_a",key2="path_x",key="eg.client_a.path_x"}}'
+          - labels: 'ratelimit_service_rate_limit_{stat}{{{deep}}}'
             value: {2 * n}
-          - labels: 'ratelimit_service_rate_limit_{stat}{{domain="other",key1="user",key="other.user"}}'
+          - labels: 'ratelimit_service_rate_limit_{stat}{{{shallow}}}'
             value: 1""")
     nl = "\n"
     (tmp_path / "test.yaml").write_text(f"""rule_files: [rules.yaml]
