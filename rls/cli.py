@@ -86,8 +86,7 @@ FLAGS = {
     "decision_log_max_bytes": "decision log file size before it rotates (one backup kept)",
     "extproc_addr": "ext_proc (response cache) listen address; --grpc-addr's value: same port",
     "max_concurrent_streams": "concurrent gRPC streams per client connection",
-    "admin_read_only": "admin listener serves only /healthcheck, /metrics and /rlconfig "
-    "(allowed off loopback without RLS_ADMIN_TOKEN)",
+    "admin_read_only": "admin: only /healthcheck, /metrics, /rlconfig (may leave loopback)",
     "prometheus_addr": "also serve the Prometheus metrics on this host:port ('' = off)",
     "prometheus_path": "path of the metrics on --prometheus-addr",
 }
