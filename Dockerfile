@@ -31,7 +31,11 @@ RUN python -m venv /opt/rls \
     && rm -rf /tmp/wheels \
     && groupadd --system --gid 10001 rls \
     && useradd --system --uid 10001 --gid rls --no-create-home --home-dir /nonexistent \
-       --shell /usr/sbin/nologin rls
+       --shell /usr/sbin/nologin rls \
+    && ln -s /opt/rls/bin/ratelimit /bin/ratelimit
+# /bin/ratelimit: the reference's path and contract (no arguments, its environment variables;
+# Envoy Gateway starts the image that way, as uid 65534 on a read-only root filesystem: rls
+# writes nothing, every installed file is world-readable). docs/envoy-gateway.md.
 # Default descriptors: the examples and field scenarios of config/ (cache rules are not
 # descriptors; mount them and pass --cache-config). Mount your own over /etc/rls/config.
 COPY config/example.yaml config/scenario-*.yaml /etc/rls/config/

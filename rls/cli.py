@@ -86,6 +86,9 @@ FLAGS = {
     "decision_log_max_bytes": "decision log file size before it rotates (one backup kept)",
     "extproc_addr": "ext_proc (response cache) listen address; --grpc-addr's value: same port",
     "max_concurrent_streams": "concurrent gRPC streams per client connection",
+    "admin_read_only": "admin: only /healthcheck, /metrics, /rlconfig (may leave loopback)",
+    "prometheus_addr": "also serve the Prometheus metrics on this host:port ('' = off)",
+    "prometheus_path": "path of the metrics on --prometheus-addr",
 }
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"
@@ -431,7 +434,8 @@ def _admin_command(args: argparse.Namespace) -> int:
         return client.fail(args.command, str(exc))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, notes: Sequence[tuple[int, str]] = ()) -> int:
+    """`notes`: (level, line)s `rls serve` logs at start (rls.reference_env's, for one)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
         # The demo has its own parser: its flags and --help reach it untouched.
@@ -470,6 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.log_level, settings.log_format, "supervisor" if settings.workers > 1 else None
     )
     log = logging.getLogger("rls")
+    for level, note in notes:
+        log.log(level, "%s", note)
     for warning in empty_directories(settings.config):
         log.warning("%s", warning)
     if settings.workers > 1:

@@ -14,8 +14,9 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 
-from rls.admin.app import RUNNER_OPTIONS, AdminState, create_app
+from rls.admin.app import AdminState, create_app
 from rls.admin.auth import admin_token
+from rls.admin.listeners import start_http
 from rls.admin.response_cache import add_cache_routes
 from rls.admin.switches import follow_shared
 from rls.config.errors import ConfigError
@@ -235,8 +236,8 @@ class Server:
         await server.start()
         if self.extproc is not None:
             await self.extproc.start()
-        runner = await self._start_admin(counters)
-        if runner is None:
+        runners = await self._start_admin(counters)
+        if runners is None:
             await server.stop(grace=None)
             if self.extproc is not None:
                 await self.extproc.stop(grace=None)
@@ -245,7 +246,7 @@ class Server:
         mark_ready()  # --workers: the supervisor counts this worker's stability from here
         self._start_background()
         await self.stop_requested.wait()
-        await self._drain(server, runner, counters)
+        await self._drain(server, runners, counters)
         return 0
 
     # -- start-up phases ---------------------------------------------------------------------
@@ -378,33 +379,24 @@ class Server:
             log.error("cannot listen on %s (%s): %s", addr, what, exc)
         return server if port else None
 
-    async def _start_admin(self, counters: CountersService) -> web.AppRunner | None:
+    async def _start_admin(self, counters: CountersService) -> list[web.AppRunner] | None:
         settings, app = self.settings, self.app
         self.state = AdminState(app.service, app.metrics, app.holder.current)
         self.state.store_ready = False
         self.state.counters = counters  # type: ignore[attr-defined]  # read by admin/freq.py
         admin_app = create_app(self.state)
-        if self.cache is not None:
+        if self.cache is not None and not settings.admin_read_only:
             add_cache_routes(admin_app, self.cache)
-        runner = web.AppRunner(admin_app, access_log=None, **RUNNER_OPTIONS)
-        await runner.setup()
-        host, http_port = split_addr(settings.http_addr)
-        site = web.TCPSite(runner, host, http_port, reuse_port=shared_dir() is not None)
-        try:
-            await site.start()
-        except OSError as exc:
-            log.error("cannot listen on %s (admin): %s", settings.http_addr, exc)
-            await runner.cleanup()
-            return None
-        if admin_token() is not None:
+        runners = await start_http(admin_app, self.state, settings, shared_dir() is not None)
+        if runners is not None and admin_token() is not None:
             log.info("admin token on: mutating admin endpoints and /json need the bearer token")
-        return runner
+        return runners
 
     def _log_listening(self) -> None:
         log.info(
             "rls serving gRPC on %s, admin on %s, backend %s, %s loop%s",
             self.settings.grpc_addr,
-            self.settings.http_addr,
+            self.settings.http_addr + " (read-only)" * self.settings.admin_read_only,
             self.app.backend.name,
             "uvloop" if "uvloop" in type(asyncio.get_running_loop()).__module__ else "asyncio",
             "" if self.cache is None else
@@ -453,7 +445,7 @@ class Server:
     # -- the drain -----------------------------------------------------------------------------
 
     async def _drain(
-        self, server: grpc.aio.Server, runner: web.AppRunner, counters: CountersService
+        self, server: grpc.aio.Server, runners: list[web.AppRunner], counters: CountersService
     ) -> None:
         app, settings = self.app, self.settings
         log.info("shutting down: draining in-flight calls")
@@ -491,7 +483,8 @@ class Server:
         self.pauses.uninstall()
         app.metrics.flush()
         await _bounded("the config watcher", app.holder.stop())
-        await _bounded("the admin server", runner.cleanup())
+        for runner in runners:  # the admin listener, the Prometheus one
+            await _bounded("an HTTP listener", runner.cleanup())
         await _bounded("the store", app.backend.close())
         watchdog.cancel()
         log.info("stopped")

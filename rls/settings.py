@@ -25,6 +25,7 @@ REFERENCE_ENV = {
     "log_format": "LOG_FORMAT",
     "response_headers": "LIMIT_RESPONSE_HEADERS_ENABLED",
     "dynamic_metadata": "RESPONSE_DYNAMIC_METADATA",
+    "prometheus_path": "PROMETHEUS_PATH",
 }
 
 
@@ -100,6 +101,13 @@ class Settings:
     # Concurrent streams per HTTP/2 connection on every gRPC listener (a client that opens
     # more waits for one to end; Envoy opens another connection).
     max_concurrent_streams: int = 1024
+    # The admin listener serves only its read routes (/healthcheck, /metrics, /rlconfig): safe
+    # off loopback without RLS_ADMIN_TOKEN (the `ratelimit` entry's default: probes reach it).
+    admin_read_only: bool = False
+    # A listener of its own serving only the Prometheus metrics at prometheus_path ("" = off;
+    # the reference's USE_PROMETHEUS + PROMETHEUS_ADDR, e.g. Envoy Gateway's ":19001").
+    prometheus_addr: str = ""
+    prometheus_path: str = "/metrics"
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
@@ -121,15 +129,17 @@ class Settings:
         for name in ("fallback_share", "near_limit_ratio", "decision_log_sample"):
             if not 0 <= getattr(self, name) <= 1:
                 raise SettingError(name, f"{getattr(self, name)!r} is not between 0 and 1")
-        for name in ("grpc_addr", "http_addr", "extproc_addr"):
+        for name in ("grpc_addr", "http_addr", "extproc_addr", "prometheus_addr"):
             _check_addr(name, getattr(self, name))
-        if not (self.admin_insecure or os.environ.get("RLS_ADMIN_TOKEN")):
+        if not self.prometheus_path.startswith("/"):
+            raise SettingError("prometheus_path", f"{self.prometheus_path!r} must start with /")
+        if not (self.admin_insecure or self.admin_read_only or os.environ.get("RLS_ADMIN_TOKEN")):
             if not is_loopback(self.http_addr):
                 raise SettingError(
                     "http_addr",
                     f"admin listener {self.http_addr} is not on loopback and RLS_ADMIN_TOKEN "
                     "is not set: set a token, bind --http-addr 127.0.0.1:PORT, "
-                    "or pass --admin-insecure",
+                    "serve only the read routes (--admin-read-only) or pass --admin-insecure",
                 )
         problem = bare_url_problem(self.redis_url)
         if problem is not None:
@@ -158,12 +168,16 @@ def _check_url(name: str, url: str, schemes: tuple[str, ...]) -> None:
 
 def _check_addr(name: str, addr: str) -> None:
     """`host:port` (host may be empty or `[v6]`); gRPC listeners also take `unix:` paths."""
-    if name != "http_addr" and addr.startswith(("unix:", "unix-abstract:")):
+    if name == "prometheus_addr" and not addr:
+        return  # off
+    if name in GRPC_ADDRS and addr.startswith(("unix:", "unix-abstract:")):
         return
     _, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise SettingError(name, f"{addr!r} is not host:port")
 
+
+GRPC_ADDRS = ("grpc_addr", "extproc_addr")  # the listeners that also take unix: paths
 
 URL_SCHEMES: dict[str, tuple[str, ...]] = {
     "redis_url": (

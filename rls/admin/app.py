@@ -53,12 +53,13 @@ def create_app(state: AdminState) -> web.Application:
     app.router.add_get("/healthcheck", healthcheck)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/rlconfig", rlconfig)
-    app.router.add_route("*", "/json", json_decide)
-    add_counter_routes(app)
-    add_usage_routes(app)
-    add_switch_routes(app)
-    add_freq_routes(app, getattr(state, "counters", None))
-    add_top_routes(app)
+    if not state.service.settings.admin_read_only:  # read-only: probes and scrapes alone
+        app.router.add_route("*", "/json", json_decide)
+        add_counter_routes(app)
+        add_usage_routes(app)
+        add_switch_routes(app)
+        add_freq_routes(app, getattr(state, "counters", None))
+        add_top_routes(app)
     publish(state.service.settings, state.metrics)
     return app
 

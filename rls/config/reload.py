@@ -70,6 +70,23 @@ def fingerprint(paths: list[str]) -> Fingerprint:
     return tuple(items)
 
 
+def link_parents(path: str) -> list[str]:
+    """The directory holding each symlink among `path`'s components (`path` included).
+
+    inotify watches what a link pointed to when the watch was set: a swap of the link itself
+    (a runtime root `/srv/runtime_data/current -> v42` moved to v43, the reference's
+    RUNTIME_WATCH_ROOT layout) is an event only in the directory that holds the link."""
+    out: list[str] = []
+    current = os.path.abspath(path)
+    while True:
+        parent = os.path.dirname(current)
+        if parent == current:
+            return out
+        if os.path.islink(current):
+            out.append(parent)
+        current = parent
+
+
 async def in_daemon_thread(fn: Callable[[], T], timeout: float) -> T:
     """Run `fn` in a daemon thread and await it for at most `timeout` seconds.
 
@@ -214,15 +231,16 @@ class ConfigHolder:
         return fingerprint(self.paths) != self._fingerprint
 
     def _watch_roots(self) -> tuple[list[str], list[str]]:
-        """(directories to watch recursively, parents of config files to watch alone)."""
+        """(directories to watch recursively, directories to watch alone: parents of config
+        files, and the directory of every symlink on the way to a config path)."""
         trees, parents = [], []
         for path in self.paths:
             if os.path.isdir(path):
                 trees.append(path)
+                alone = link_parents(path)
             else:
-                parent = os.path.dirname(os.path.abspath(path))
-                if os.path.isdir(parent) and parent not in parents:
-                    parents.append(parent)
+                alone = [os.path.dirname(os.path.abspath(path)), *link_parents(path)]
+            parents += [p for p in alone if os.path.isdir(p) and p not in parents]
         return trees, parents
 
     async def _watch_events(

@@ -1,0 +1,105 @@
+"""`/bin/ratelimit` with Envoy Gateway's environment, no arguments, comes up and serves.
+
+What EG relies on: gRPC RateLimitService on GRPC_PORT, `GET /healthcheck` 200 on PORT (its
+startup, readiness and liveness probes; PORT listens on every interface), the Prometheus
+metrics on PROMETHEUS_ADDR, counters in the user's Redis (REDIS_URL), and a container run as
+uid/gid 65534 that can write nothing but /tmp. The admin port, off loopback without a token,
+must not take state-changing calls. Variants: CONFIG_TYPE=FILE now (limits from the
+RUNTIME_* directory); the xDS variant is added to CONFIG_VARIANTS with the xDS client.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from envoy.service.ratelimit.v3 import rls_pb2
+from support.redis_server import RedisServer
+
+from rls.reference_env import REFERENCE_VARIABLES, honoured, xds_supported
+
+from .helpers import (
+    EG_ENV,
+    Ratelimit,
+    config_text,
+    decide,
+    eg_certificates,
+    eg_environment,
+    grpc_channel,
+    ignored_lines,
+    write,
+)
+
+OK, OVER = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
+NOBODY = 65534  # EG's runAsUser / runAsGroup
+CONFIG_VARIANTS = ["FILE"]
+USERS = {"same-user": None, "uid-65534": NOBODY}
+
+
+@pytest.mark.parametrize("user", list(USERS))
+@pytest.mark.parametrize("config_type", CONFIG_VARIANTS)
+def test_eg_environment_serves_limits_health_and_metrics(
+    config_type: str, user: str, root: Path, redis_server: RedisServer,
+    launch: Callable[..., Ratelimit],
+) -> None:
+    redis_server.client().flushall()
+    certs = eg_certificates(root)
+    env, ports = eg_environment(root, redis_server.port, config_type)
+    write(root / "data/ratelimit/config/eg.yaml", config_text("eg", "client", 2))
+    assert os.stat(root / "data/ratelimit/config/eg.yaml").st_mode & 0o004  # world-readable
+    rl = launch(env, user=USERS[user])
+    if USERS[user] is not None:
+        status = Path(f"/proc/{rl.proc.pid}/status").read_text()
+        assert f"Uid:\t{NOBODY}\t" in status and f"Gid:\t{NOBODY}\t" in status
+
+    with grpc_channel(rl, certs) as channel:
+        codes = [decide(channel, "eg", "client", "a") for _ in range(3)]
+    assert codes == [OK, OK, OVER], rl.log()
+    assert redis_server.client().dbsize() > 0  # counted in the user's Redis
+
+    assert rl.http("/healthcheck") == (200, "OK")
+    for path, method in (("/switches", "POST"), ("/json", "POST"), ("/top", "GET")):
+        assert rl.http(path, method)[0] == 404, f"{method} {path} open on the probe port"
+    status, text = rl.http("/metrics", port=ports.prometheus)
+    assert status == 200
+    assert 'rls_limit_over_limit_total{key="eg.client"} 1.0' in text
+    assert rl.http("/metrics", port=ports.prometheus)[0] == 200
+    assert rl.http("/healthcheck", port=ports.prometheus)[0] == 404  # metrics only
+
+    lines = ignored_lines(rl.log())
+    expected = sorted(n for n in REFERENCE_VARIABLES if n in env and n not in honoured())
+    assert lines == ([expected] if expected else []), rl.log()
+    assert "PROMETHEUS_MAPPER_YAML" in expected  # rls maps nothing; docs/metrics.md tells
+    for read in ("RUNTIME_ROOT", "REDIS_URL", "USE_PROMETHEUS", "PROMETHEUS_ADDR", "PORT"):
+        assert read not in expected
+    # nothing written into its working directory (for uid 65534: it could not)
+    assert sorted(p.name for p in root.iterdir()) == ["certs", "certs-work", "data"]
+
+
+def test_eg_environment_in_xds_mode_starts_without_a_config_directory(
+    root: Path, redis_server: RedisServer, launch: Callable[..., Ratelimit],
+) -> None:
+    """EG's own mode: nothing under RUNTIME_ROOT, limits from the controller over xDS (here:
+    no controller at all). It starts, answers its probes and every call (no limits yet)."""
+    certs = eg_certificates(root)
+    env, _ports = eg_environment(root, redis_server.port, "GRPC_XDS_SOTW")
+    assert env["CONFIG_TYPE"] == EG_ENV["CONFIG_TYPE"]
+    assert not (root / "data").exists()
+    rl = launch(env)
+    with grpc_channel(rl, certs) as channel:
+        assert decide(channel, "eg", "client", "a") == OK
+    if not xds_supported():
+        assert "this rls has no xDS config client" in rl.log()
+
+
+def test_file_mode_without_the_config_directory_names_it_and_exits_2(
+    root: Path, redis_server: RedisServer, launch: Callable[..., Ratelimit],
+) -> None:
+    env, _ports = eg_environment(root, redis_server.port, "FILE")
+    rl = launch(env, wait_healthy=False)
+    assert rl.proc.wait(30) == 2
+    assert (f"ratelimit: CONFIG_TYPE=FILE: the config directory {root}/data/ratelimit/config "
+            "(RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY) does not exist"
+            in rl.log())
