@@ -163,8 +163,9 @@ def render(report: dict[str, Any]) -> str:
     """The terminal tables of `as_json`'s report."""
     bad = report["bad_lines"]
     rate = report["decisions_per_cpu_second"]
+    span = f" from {report['from']} to {report['to']}" if report["requests"] else ""
     lines = [
-        f"rls replay: {report['requests']:,} requests from {report['from']} to {report['to']} "
+        f"rls replay: {report['requests']:,} requests{span} "
         f"in {report['seconds']} s" + (f" ({rate:,} decisions per CPU second)" if rate else ""),
         f"bad lines: {bad['total']:,}"
         + (" (" + ", ".join(f"{r}: {n:,} e.g. line {bad['first_line_numbers'][r][0]}"
