@@ -10,6 +10,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from rls.replay.candidates import CandidateTally
 from rls.replay.engines import Result
 from rls.replay.reader import BadLines, Shape
 
@@ -115,7 +116,10 @@ class Tally:
     def percent(self, n: int) -> float:
         return round(100.0 * n / self.requests, 4) if self.requests else 0.0
 
-    def as_json(self, bad: BadLines, skipped: int, seconds: float, cpu: float) -> dict[str, Any]:
+    def as_json(
+        self, bad: BadLines, skipped: int, seconds: float, cpu: float,
+        candidates: CandidateTally | None = None,
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {
             "requests": self.requests,
             "over_limit": self.over,
@@ -137,6 +141,8 @@ class Tally:
                 for (d, t, lim), v in sorted(self.who.items(), key=lambda kv: (-kv[1][0], kv[0]))
             ],
         }
+        if candidates is not None:  # the config has candidate limits
+            out.update(candidates.as_json(_iso))
         if self.logged:
             out["logged_answers"] = {
                 "lines": self.logged, "same": self.agree, "different": self.logged - self.agree,
@@ -191,6 +197,7 @@ def render(report: dict[str, Any]) -> str:
         ]
         if len(report["limited"]) > SHOWN:
             lines.append(f"... {len(report['limited']) - SHOWN} more (--json for all)")
+    lines += _candidate_lines(report)
     base = report.get("baseline")
     if base is not None:
         lines += [
@@ -209,6 +216,32 @@ def render(report: dict[str, Any]) -> str:
                 for r in base["changes"][:SHOWN]
             ]
     return "\n".join(lines) + "\n"
+
+
+def _candidate_lines(report: dict[str, Any]) -> list[str]:
+    """The candidate tables: per candidate limit, then who each would have limited."""
+    if not report.get("candidates"):
+        return []
+    lines = ["", f"{'CANDIDATE (limit: candidate)':<40} {'CHECKS':>10} {'OVER':>10} "
+             f"{'NEAR':>10}  FIRST .. LAST"]
+    lines += [
+        f"{(r['limit'] + ': ' + r['candidate'])[:40]:<40} {r['checks']:>10} "
+        f"{r['over_limit']:>10} {r['near_limit']:>10}  {r['first']} .. {r['last']}"
+        for r in report["candidates"][:SHOWN]
+    ]
+    who = report["candidates_limited"]
+    if who:
+        lines += ["", f"{'WHO CANDIDATES LIMIT (domain: descriptor)':<40} {'OVER':>10} "
+                  f"{'NEAR':>10}  {'CANDIDATE (limit: candidate)':<30}  FIRST .. LAST"]
+        lines += [
+            f"{(r['domain'] + ': ' + r['descriptor'])[:40]:<40} {r['over_limit']:>10} "
+            f"{r['near_limit']:>10}  {(r['limit'] + ': ' + r['candidate'])[:30]:<30}  "
+            f"{r['first']} .. {r['last']}"
+            for r in who[:SHOWN]
+        ]
+        if len(who) > SHOWN:
+            lines.append(f"... {len(who) - SHOWN} more (--json for all)")
+    return lines
 
 
 def dumps(report: dict[str, Any]) -> str:

@@ -1,14 +1,21 @@
-"""Issue 33: what a first week with `rls replay` tripped over — an access log whose lines
-start with `ts`, an empty replay's header."""
+"""Issue 33: what a first week with `rls replay` tripped over: an access log whose lines
+start with `ts`, an empty replay's header, candidate limits (reported as production counts
+them, against a reference model)."""
 
 from __future__ import annotations
 
 import json
+import random
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from rls.engine.decision import DescriptorIn
 from rls.replay.report import render
 
-from .logs import decision_log, envoy_line
+from .logs import T0, decision_log, envoy_line, user
 from .test_replay import TRAFFIC, replay
 
 
@@ -40,3 +47,85 @@ def test_an_empty_replay_says_so_without_none_times(tmp_path: Path) -> None:
     assert "None" not in text
     assert text.startswith("rls replay: 0 requests in ")
 
+
+
+CANDIDATES = """\
+domain: app
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    candidates:
+      - {name: halve, requests_per_unit: 2}
+      - {name: same, requests_per_unit: 5}
+"""
+CAPS = {"": 5, "halve": 2, "same": 5}  # the live limit, then each candidate
+
+
+def candidate_traffic(seed: int, n: int) -> list[tuple[int, str, list[DescriptorIn], int]]:
+    """Single-descriptor requests of five users over three minutes, 0 to 2 hits each."""
+    rng = random.Random(seed)
+    times = sorted(T0 + rng.randrange(180_000) for _ in range(n))
+    return [(ts, "app", [user(rng.choice("abcde"))], rng.choice((0, 1, 2))) for ts in times]
+
+
+def reference(traffic: list[tuple[int, str, list[DescriptorIn], int]]) -> dict[str, Any]:
+    """Each limit as a plain fixed window on its own (a candidate is charged as the live limit
+    would be in its place; a rejected request charges nothing; near: past 80 % after it)."""
+    used: dict[tuple[str, str, int], int] = {}
+    totals = {name: [0, 0, 0, None, None] for name in CAPS if name}
+    who: dict[tuple[str, str], list[Any]] = {}
+    live_over = 0
+    for ts, _, descs, hits in traffic:
+        h = max(hits, 1)
+        name_of = descs[0].entries[0][1]
+        for cand, cap in CAPS.items():
+            key = (cand, name_of, ts // 60_000)
+            over = used.get(key, 0) + h > cap
+            near = not over and used.get(key, 0) + h > int(cap * 0.8)
+            if not over:
+                used[key] = used.get(key, 0) + h
+            if not cand:
+                live_over += over
+                continue
+            row = totals[cand]
+            row[0] += 1
+            row[1] += over
+            row[2] += near
+            if over or near:
+                row[3] = row[3] if row[3] is not None else ts
+                row[4] = ts
+                w = who.setdefault((cand, f"user={name_of}"), [0, 0, ts, ts])
+                w[0 if over else 1] += h
+                w[3] = ts
+    return {"live_over": live_over, "totals": totals, "who": who}
+
+
+def iso(ts: int | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts / 1000, UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_replay_reports_each_candidate_as_production_counts_it(tmp_path: Path, seed: int) -> None:
+    traffic = candidate_traffic(seed, 400)
+    status, report = replay(tmp_path, decision_log(tmp_path / "d.jsonl", traffic),
+                            config=CANDIDATES)
+    want = reference(traffic)
+    assert status == 0 and report["over_limit"] == want["live_over"]  # answers unchanged
+    got = {r["candidate"]: [r["checks"], r["over_limit"], r["near_limit"], r["first"],
+                            r["last"]] for r in report["candidates"]}
+    assert got == {c: [*v[:3], iso(v[3]), iso(v[4])] for c, v in want["totals"].items()}
+    assert all(r["limit"] == "app.user" and r["domain"] == "app" for r in report["candidates"])
+    assert got["halve"][1] > got["same"][1] > 0  # the traffic reaches both
+    assert got["same"][1] == want["live_over"]  # a candidate equal to the live limit
+    rows = {(r["candidate"], r["descriptor"]): [r["over_limit"], r["near_limit"],
+                                                r["first"], r["last"]]
+            for r in report["candidates_limited"]}
+    assert rows == {k: [v[0], v[1], iso(v[2]), iso(v[3])] for k, v in want["who"].items()}
+    text = render(report)
+    assert "app.user: halve" in text and "WHO CANDIDATES LIMIT" in text
+
+
+def test_a_config_without_candidates_reports_none(tmp_path: Path) -> None:
+    _, report = replay(tmp_path, decision_log(tmp_path / "d.jsonl", TRAFFIC))
+    assert "candidates" not in report and "candidates_limited" not in report
