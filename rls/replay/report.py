@@ -53,7 +53,7 @@ class Tally:
         self.logged = self.agree = 0  # lines with the live answer; replay gave the same
         self.disagree_first: list[tuple[int, str]] = []
         self.base_over = self.ok_to_over = self.over_to_ok = 0
-        # (domain, descriptor) -> [OK->OVER, OVER->OK, first, last], per descriptor
+        # (domain, descriptor) -> [OK->OVER, OVER->OK, first, last]: requests that changed
         self.changes: dict[tuple[str, str], list[int]] = {}
 
     def add(self, ts: int, code: str | None, shape: Shape, result: Result,
@@ -90,20 +90,22 @@ class Tally:
         self._last = max(self._last, last)
 
     def _compare(self, ts: int, shape: Shape, result: Result, base: Result) -> None:
+        """A request whose answer changed counts once in the header's count, and once in the
+        row of each descriptor that limits it on its OVER_LIMIT side (OK -> OVER: over the
+        config's limit; OVER -> OK: over the baseline's). A request still OVER_LIMIT, for
+        another descriptor, did not change (docs/changing-limits.md)."""
         if base[0]:
             self.base_over += 1
-        if result[0] and not base[0]:
-            self.ok_to_over += 1
-        elif base[0] and not result[0]:
-            self.over_to_ok += 1
-        if result[1] == base[1]:
+        if result[0] == base[0]:
             return
-        now = {i for i, _ in result[1]}
-        before = {i for i, _ in base[1]}
-        for i in now - before:
-            _bump(self.changes, (shape.domain, shape.texts[i]), ts, 2, 0)
-        for i in before - now:
-            _bump(self.changes, (shape.domain, shape.texts[i]), ts, 2, 1)
+        if result[0]:
+            self.ok_to_over += 1
+            col, overs = 0, result[1]
+        else:
+            self.over_to_ok += 1
+            col, overs = 1, base[1]
+        for text in {shape.texts[i] for i, _ in overs}:
+            _bump(self.changes, (shape.domain, text), ts, 2, col)
 
     @property
     def first(self) -> int | None:

@@ -129,3 +129,119 @@ def test_replay_reports_each_candidate_as_production_counts_it(tmp_path: Path, s
 def test_a_config_without_candidates_reports_none(tmp_path: Path) -> None:
     _, report = replay(tmp_path, decision_log(tmp_path / "d.jsonl", TRAFFIC))
     assert "candidates" not in report and "candidates_limited" not in report
+
+
+def caps(lower: int, higher: int, route_lower: int, route_higher: int) -> dict[str, int]:
+    """Per descriptor its limit a minute: users a-c and route /a get `lower`, the others
+    `higher` (swapping the arguments gives the other config: some limits up, some down)."""
+    out = {f"user={u}": lower for u in "abc"} | {f"user={u}": higher for u in "def"}
+    return out | {"route=/a": route_lower, "route=/b": route_higher}
+
+
+BASE_CAPS, NEW_CAPS = caps(5, 3, 16, 10), caps(3, 5, 10, 16)
+
+
+def config(limits: dict[str, int]) -> str:
+    lines = ["domain: app", "descriptors:"]
+    for text, cap in limits.items():
+        key, value = text.split("=")
+        lines += [f"  - key: {key}", f"    value: {value!r}",
+                  f"    rate_limit: {{unit: minute, requests_per_unit: {cap}}}"]
+    return "\n".join(lines) + "\n"
+
+
+def two_descriptor_traffic(seed: int, n: int) -> list[tuple[int, str, list[DescriptorIn], int]]:
+    """Requests of a user on a route (two descriptors each) over three minutes."""
+    rng = random.Random(seed)
+    times = sorted(T0 + rng.randrange(180_000) for _ in range(n))
+    return [(ts, "app", [user(rng.choice("abcdef")),
+                         DescriptorIn((("route", rng.choice(("/a", "/b"))),))], 0)
+            for ts in times]
+
+
+def verdicts(traffic: list[tuple[int, str, list[DescriptorIn], int]],
+             limits: dict[str, int]) -> list[set[str]]:
+    """Per request, the descriptors over their limit (empty: admitted); plain fixed windows,
+    the whole request charged only when every counter has room."""
+    used: dict[tuple[str, int], int] = {}
+    out = []
+    for ts, _, descs, _ in traffic:
+        keys = [(f"{d.entries[0][0]}={d.entries[0][1]}", ts // 60_000) for d in descs]
+        over = {key[0] for key in keys if used.get(key, 0) >= limits[key[0]]}
+        if not over:
+            for key in keys:
+                used[key] = used.get(key, 0) + 1
+        out.append(over)
+    return out
+
+
+@pytest.mark.parametrize("engine", [(), ("--general-engine",)], ids=["fast", "general"])
+def test_the_changed_table_counts_requests_that_changed_per_descriptor_limiting_them(
+    tmp_path: Path, engine: tuple[str, ...]
+) -> None:
+    traffic = two_descriptor_traffic(5, 200)
+    base_dir = tmp_path / "base"
+    base_dir.mkdir()
+    (base_dir / "app.yaml").write_text(config(BASE_CAPS))
+    _, report = replay(tmp_path, decision_log(tmp_path / "d.jsonl", traffic),
+                       "--baseline", str(base_dir), *engine, config=config(NEW_CAPS))
+    rows: dict[str, list[int]] = {}
+    header = [0, 0]
+    several = [0, 0]  # changed requests limited by both descriptors on their OVER side
+    flips_only = 0  # requests over in both configs, by different descriptors
+    for now, before in zip(verdicts(traffic, NEW_CAPS), verdicts(traffic, BASE_CAPS),
+                           strict=True):
+        if bool(now) == bool(before):
+            flips_only += bool(now) and now != before
+            continue
+        col, limiting = (0, now) if now else (1, before)
+        header[col] += 1
+        several[col] += len(limiting) > 1
+        for text in limiting:
+            rows.setdefault(text, [0, 0])[col] += 1
+    base = report["baseline"]
+    assert [base["ok_to_over_limit"], base["over_limit_to_ok"]] == header
+    got = {c["descriptor"]: [c["ok_to_over_limit"], c["over_limit_to_ok"]]
+           for c in base["changes"]}
+    assert got == rows
+    # The rows add up to the header, plus once more per request limited by both descriptors.
+    for col in (0, 1):
+        assert sum(r[col] for r in got.values()) == header[col] + several[col]
+    assert header[0] and header[1] and flips_only and sum(several)  # every case occurs
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "changing-limits.md"
+
+
+def key_names(value: Any, dynamic: frozenset[str] = frozenset({"by_reason",
+                                                               "first_line_numbers"})) -> set[str]:
+    """Every key of a JSON report, nested ones too (not the reasons used as keys)."""
+    if isinstance(value, list):
+        return set().union(*(key_names(v) for v in value)) if value else set()
+    if not isinstance(value, dict):
+        return set()
+    out = set(value)
+    for name, inner in value.items():
+        if name not in dynamic:
+            out |= key_names(inner)
+    return out
+
+
+def test_every_key_of_the_json_report_is_documented(tmp_path: Path) -> None:
+    traffic = candidate_traffic(1, 200)
+    base_dir = tmp_path / "base"
+    base_dir.mkdir()
+    (base_dir / "app.yaml").write_text(CANDIDATES)
+    log = decision_log(tmp_path / "d.jsonl", traffic)
+    log.write_text(log.read_text() + "not json\n")
+    lower = CANDIDATES.replace("requests_per_unit: 5}", "requests_per_unit: 4}", 1)
+    status, report = replay(tmp_path, log, "--baseline", str(base_dir),
+                            "--fail-over-percent", "0", config=lower)
+    assert status == 1
+    for part in ("candidates", "candidates_limited", "logged_answers", "baseline", "failed"):
+        assert report[part], part
+    assert report["baseline"]["changes"] and report["limited"]
+    text = DOCS.read_text()
+    table = text[text.index("`--json` prints the same report as one object"):]
+    undocumented = sorted(k for k in key_names(report) if f"`{k}`" not in table)
+    assert undocumented == []
