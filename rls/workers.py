@@ -14,9 +14,11 @@ A worker that keeps dying is not restarted in a tight loop: its slot waits BACKO
 before the first restart, doubling after each further consecutive failure up to BACKOFF_CAP
 (30 s); a worker that serves (listens on its ports) for STABLE_SECONDS (10 s) clears its slot's
 failures (time spent starting does not count: on a loaded host a start that fails can take
-longer than that). While a slot is
-down or has failed since it was last stable, every worker's /healthcheck answers 503 naming it
-(the supervisor writes the slots to `$RLS_SHARED_DIR/workers.json`; workers read it), and
+longer than that). While a slot has no serving worker (down, or its process not listening
+yet), or has failed CRASH_LOOP_FAILURES (2) times or more since it was last stable (a crash
+loop), every worker's /healthcheck answers 503 naming it (the supervisor writes the slots to
+`$RLS_SHARED_DIR/workers.json`; workers read it). One crash whose replacement serves is not a
+reason to take the pod out of service; the slot's failure count still shows in /metrics, and
 /metrics shows rls_worker_up, rls_worker_consecutive_failures and rls_worker_restarts_total by
 worker. After `--worker-max-failures` consecutive failures of one slot (default 10: ~2 minutes
 of back-off) the supervisor stops the other workers and exits 1 instead of spinning, so the pod
@@ -61,6 +63,7 @@ BACKOFF_FIRST = 0.2  # seconds before the first restart of a slot
 BACKOFF_CAP = 30.0  # the longest wait between restarts
 STABLE_SECONDS = 10.0  # serving this long: the slot's consecutive failures are cleared
 DEFAULT_MAX_FAILURES = 10  # consecutive failures of one slot before the supervisor gives up
+CRASH_LOOP_FAILURES = 2  # failures in a row from which health says "not serving" (a crash loop)
 STATUS_FILE = "workers.json"
 READY_PREFIX = "ready-"  # `ready-<pid>` in the shared directory: that worker serves
 TICK = 0.2  # the supervisor's polling period
@@ -83,6 +86,7 @@ class Slot:
         return {
             "index": self.index,
             "pid": self.proc.pid if self.proc is not None else None,
+            "serving": self.proc is not None and self.ready is not None,
             "failures": self.failures,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
@@ -204,14 +208,15 @@ def _tend(slot: Slot, start: Any, shared: str) -> bool:
         return True
     code = proc.poll()
     marker = Path(shared) / f"{READY_PREFIX}{proc.pid}"
-    if slot.ready is None and marker.exists():
-        slot.ready = now
+    became_ready = slot.ready is None and marker.exists()
+    if became_ready:
+        slot.ready = now  # the slot serves again: health may be fine (worker_problem)
     if code is None:
         if slot.failures and slot.ready is not None and now - slot.ready >= STABLE_SECONDS:
             log.info("worker %d served %g s: failures cleared", slot.index, STABLE_SECONDS)
             slot.failures = 0
             return True
-        return False
+        return became_ready
     marker.unlink(missing_ok=True)
     if slot.ready is not None and now - slot.ready >= STABLE_SECONDS:
         slot.failures = 0  # it had been stable: this exit starts a new count
@@ -277,22 +282,32 @@ def read_status() -> dict[str, Any] | None:
 
 
 def worker_problem() -> str | None:
-    """Why this pod is not healthy because of a sibling worker (one line), or None."""
+    """Why this pod is not healthy because of a sibling worker (one line), or None.
+
+    A slot is a problem while it has no serving worker (down, or its process not listening
+    yet) or while it is crash-looping (CRASH_LOOP_FAILURES exits in a row without serving
+    STABLE_SECONDS in between). One crash whose replacement serves is not: the pod serves."""
     status = read_status()
     if status is None:
         return None
-    bad = [
-        f"worker {slot['index']} "
-        + (
-            f"down (exit {slot['last_exit']}, restart in {slot['restart_in']} s)"
-            if slot["pid"] is None
-            else f"restarted (pid {slot['pid']}, not yet serving for {STABLE_SECONDS:g} s)"
-        )
-        + f", {slot['failures']} failures in a row"
-        for slot in status.get("slots", [])
-        if slot["pid"] is None or slot["failures"]
-    ]
-    return f"{len(bad)} of {status['workers']} workers failing: " + "; ".join(bad) if bad else None
+    bad = [_slot_problem(slot) for slot in status.get("slots", [])]
+    found = [text for text in bad if text is not None]
+    if not found:
+        return None
+    return f"{len(found)} of {status['workers']} workers failing: " + "; ".join(found)
+
+
+def _slot_problem(slot: dict[str, Any]) -> str | None:
+    failures = f", {slot['failures']} failures in a row"
+    if slot["pid"] is None:
+        return (f"worker {slot['index']} down (exit {slot['last_exit']}, restart in "
+                f"{slot['restart_in']} s){failures}")
+    if not slot.get("serving", True):
+        return f"worker {slot['index']} starting (pid {slot['pid']}, not serving yet){failures}"
+    if slot["failures"] >= CRASH_LOOP_FAILURES:
+        return (f"worker {slot['index']} crash-looping (pid {slot['pid']}, healthy once it "
+                f"served {STABLE_SECONDS:g} s){failures}")
+    return None
 
 
 class WorkersCollector:
@@ -307,7 +322,7 @@ class WorkersCollector:
         )
         failing = GaugeMetricFamily(
             "rls_worker_consecutive_failures",
-            "Exits of the worker slot since it last served 10 s (0: healthy)",
+            "Exits of the worker slot since it last served 10 s (from 2: health fails)",
             labels=["worker"],
         )
         restarts = CounterMetricFamily(

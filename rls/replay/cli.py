@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> tuple[int, dict[str, Any] | None, str]:
     except (OSError, EOFError) as exc:  # gzip: a truncated member is EOFError
         return 2, None, f"{args.log}: {exc}"
     report = tally.as_json(
-        reader.bad, reader.skipped, time.perf_counter() - started, time.process_time() - cpu
+        reader.bad, reader.skipped, time.perf_counter() - started, time.process_time() - cpu,
+        new.candidates if new.has_candidates else None,
     )
     status = 0
     if args.fail_over_percent is not None:

@@ -23,7 +23,7 @@ from rls.core.algorithms.base import GRACE_MS
 from rls.engine.checks import match_targets
 from rls.engine.decision import OVER_LIMIT
 from rls.engine.limiter import RateLimiter
-from rls.metrics import Metrics
+from rls.replay.candidates import CandidateMetrics, CandidateTally, CandidateTop
 from rls.replay.reader import Shape
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
@@ -53,13 +53,20 @@ def fast_domain(dom: Domain, settings: Settings) -> bool:
 class GeneralEngine:
     """The service's RateLimiter on an in-process store, at the log's times."""
 
-    def __init__(self, config: RateLimitConfig, settings: Settings) -> None:
+    def __init__(
+        self, config: RateLimitConfig, settings: Settings,
+        candidates: CandidateTally | None = None,
+    ) -> None:
         self.store = MemoryBackend(sweep_interval=0)
-        self.limiter = RateLimiter(lambda: config, self.store, settings, Metrics())
+        self.candidates = candidates if candidates is not None else CandidateTally()
+        metrics = CandidateMetrics(self.candidates)
+        self.limiter = RateLimiter(lambda: config, self.store, settings, metrics)
+        self.limiter.top = CandidateTop(self.candidates)  # candidate verdicts, at the log's time
         self._n = 0
 
     async def decide(self, ts: int, shape: Shape) -> Result:
         self._n += 1
+        self.candidates.now = ts
         if self._n % SWEEP_EVERY == 0:
             self.store.sweep(ts)  # memory follows the live counters, not the log
         decision = await self.limiter.should_rate_limit(
@@ -203,7 +210,9 @@ class Replayer:
 
     def __init__(self, config: RateLimitConfig, slot: int, fast: bool = True) -> None:
         settings = Settings(local_cache=False)
-        self.general = GeneralEngine(config, settings)
+        self.candidates = CandidateTally()  # what the config's candidate limits would answer
+        self.has_candidates = any(dom.has_candidates for dom in config.domains.values())
+        self.general = GeneralEngine(config, settings, self.candidates)
         self.fast = FastEngine(config, slot)
         self.fast_domains = frozenset(
             name for name, dom in config.domains.items() if fast and fast_domain(dom, settings)

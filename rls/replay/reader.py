@@ -1,7 +1,8 @@
 """Streaming a traffic log into requests: one line at a time, gzip or plain, never all at once.
 
 Two line formats, told apart per line:
-- rls's decision log (rls/engine/decision_log.py): `{"ts":<ms>,"code":"OK",...}`. The part
+- rls's decision log (rls/engine/decision_log.py): `{"ts":<ms>,"code":"OK",...}`, told by
+  `ts` then `code` as its first two members (an access log line may start with `ts`). The part
   after the timestamp and code repeats for every call of a caller, so it is parsed once and
   remembered (bounded): most lines cost no JSON parse at all;
 - any other JSON object: an Envoy access log line. Its rate-limit request is the object itself
@@ -150,8 +151,10 @@ class LogReader:
         for raw in self.stream:
             n += 1
             try:
-                if raw.startswith(b'{"ts":'):  # rls's decision log: the parse is memoised
-                    comma = raw.find(b",", 6)
+                comma = raw.find(b",", 6) if raw.startswith(b'{"ts":') else -1
+                if comma > 0 and raw.startswith(b'"code":"', comma + 1):
+                    # rls's decision log (`ts` then `code`): the parse is memoised. An access
+                    # log line may start with `ts` too; it takes the general path below.
                     ts = int(raw[6:comma])
                     seen = lines.get(raw[comma:])  # the line but its time: (code, request)
                     if seen is None:

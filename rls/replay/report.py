@@ -10,6 +10,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from rls.replay.candidates import CandidateTally
 from rls.replay.engines import Result
 from rls.replay.reader import BadLines, Shape
 
@@ -52,7 +53,7 @@ class Tally:
         self.logged = self.agree = 0  # lines with the live answer; replay gave the same
         self.disagree_first: list[tuple[int, str]] = []
         self.base_over = self.ok_to_over = self.over_to_ok = 0
-        # (domain, descriptor) -> [OK->OVER, OVER->OK, first, last], per descriptor
+        # (domain, descriptor) -> [OK->OVER, OVER->OK, first, last]: requests that changed
         self.changes: dict[tuple[str, str], list[int]] = {}
 
     def add(self, ts: int, code: str | None, shape: Shape, result: Result,
@@ -89,20 +90,22 @@ class Tally:
         self._last = max(self._last, last)
 
     def _compare(self, ts: int, shape: Shape, result: Result, base: Result) -> None:
+        """A request whose answer changed counts once in the header's count, and once in the
+        row of each descriptor that limits it on its OVER_LIMIT side (OK -> OVER: over the
+        config's limit; OVER -> OK: over the baseline's). A request still OVER_LIMIT, for
+        another descriptor, did not change (docs/changing-limits.md)."""
         if base[0]:
             self.base_over += 1
-        if result[0] and not base[0]:
-            self.ok_to_over += 1
-        elif base[0] and not result[0]:
-            self.over_to_ok += 1
-        if result[1] == base[1]:
+        if result[0] == base[0]:
             return
-        now = {i for i, _ in result[1]}
-        before = {i for i, _ in base[1]}
-        for i in now - before:
-            _bump(self.changes, (shape.domain, shape.texts[i]), ts, 2, 0)
-        for i in before - now:
-            _bump(self.changes, (shape.domain, shape.texts[i]), ts, 2, 1)
+        if result[0]:
+            self.ok_to_over += 1
+            col, overs = 0, result[1]
+        else:
+            self.over_to_ok += 1
+            col, overs = 1, base[1]
+        for text in {shape.texts[i] for i, _ in overs}:
+            _bump(self.changes, (shape.domain, text), ts, 2, col)
 
     @property
     def first(self) -> int | None:
@@ -115,7 +118,10 @@ class Tally:
     def percent(self, n: int) -> float:
         return round(100.0 * n / self.requests, 4) if self.requests else 0.0
 
-    def as_json(self, bad: BadLines, skipped: int, seconds: float, cpu: float) -> dict[str, Any]:
+    def as_json(
+        self, bad: BadLines, skipped: int, seconds: float, cpu: float,
+        candidates: CandidateTally | None = None,
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {
             "requests": self.requests,
             "over_limit": self.over,
@@ -137,6 +143,8 @@ class Tally:
                 for (d, t, lim), v in sorted(self.who.items(), key=lambda kv: (-kv[1][0], kv[0]))
             ],
         }
+        if candidates is not None:  # the config has candidate limits
+            out.update(candidates.as_json(_iso))
         if self.logged:
             out["logged_answers"] = {
                 "lines": self.logged, "same": self.agree, "different": self.logged - self.agree,
@@ -163,8 +171,9 @@ def render(report: dict[str, Any]) -> str:
     """The terminal tables of `as_json`'s report."""
     bad = report["bad_lines"]
     rate = report["decisions_per_cpu_second"]
+    span = f" from {report['from']} to {report['to']}" if report["requests"] else ""
     lines = [
-        f"rls replay: {report['requests']:,} requests from {report['from']} to {report['to']} "
+        f"rls replay: {report['requests']:,} requests{span} "
         f"in {report['seconds']} s" + (f" ({rate:,} decisions per CPU second)" if rate else ""),
         f"bad lines: {bad['total']:,}"
         + (" (" + ", ".join(f"{r}: {n:,} e.g. line {bad['first_line_numbers'][r][0]}"
@@ -190,6 +199,7 @@ def render(report: dict[str, Any]) -> str:
         ]
         if len(report["limited"]) > SHOWN:
             lines.append(f"... {len(report['limited']) - SHOWN} more (--json for all)")
+    lines += _candidate_lines(report)
     base = report.get("baseline")
     if base is not None:
         lines += [
@@ -208,6 +218,32 @@ def render(report: dict[str, Any]) -> str:
                 for r in base["changes"][:SHOWN]
             ]
     return "\n".join(lines) + "\n"
+
+
+def _candidate_lines(report: dict[str, Any]) -> list[str]:
+    """The candidate tables: per candidate limit, then who each would have limited."""
+    if not report.get("candidates"):
+        return []
+    lines = ["", f"{'CANDIDATE (limit: candidate)':<40} {'CHECKS':>10} {'OVER':>10} "
+             f"{'NEAR':>10}  FIRST .. LAST"]
+    lines += [
+        f"{(r['limit'] + ': ' + r['candidate'])[:40]:<40} {r['checks']:>10} "
+        f"{r['over_limit']:>10} {r['near_limit']:>10}  {r['first']} .. {r['last']}"
+        for r in report["candidates"][:SHOWN]
+    ]
+    who = report["candidates_limited"]
+    if who:
+        lines += ["", f"{'WHO CANDIDATES LIMIT (domain: descriptor)':<40} {'OVER':>10} "
+                  f"{'NEAR':>10}  {'CANDIDATE (limit: candidate)':<30}  FIRST .. LAST"]
+        lines += [
+            f"{(r['domain'] + ': ' + r['descriptor'])[:40]:<40} {r['over_limit']:>10} "
+            f"{r['near_limit']:>10}  {(r['limit'] + ': ' + r['candidate'])[:30]:<30}  "
+            f"{r['first']} .. {r['last']}"
+            for r in who[:SHOWN]
+        ]
+        if len(who) > SHOWN:
+            lines.append(f"... {len(who) - SHOWN} more (--json for all)")
+    return lines
 
 
 def dumps(report: dict[str, Any]) -> str:

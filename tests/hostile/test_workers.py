@@ -9,6 +9,7 @@ consecutive failures instead of spinning."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,10 +19,19 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from conftest import ROOT, free_port, http_get, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rls.workers import BACKOFF_CAP, BACKOFF_FIRST, backoff
+from rls.workers import (
+    BACKOFF_CAP,
+    BACKOFF_FIRST,
+    CRASH_LOOP_FAILURES,
+    SHARED_DIR_ENV,
+    STATUS_FILE,
+    backoff,
+    worker_problem,
+)
 
 from .helpers import metric
 from .test_config_dir import good
@@ -281,6 +291,79 @@ def test_a_crash_looping_worker_turns_health_503_and_shows_in_metrics(tmp_path: 
                    "health back to 200 once the slot stayed up", output)
         wait_until(lambda: _grpc_health(grpc_addr) == SERVING, 10, "gRPC SERVING", output)
         assert len(children(proc.pid)) == 2
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _slot(index: int, pid: int | None, serving: bool, failures: int) -> dict[str, object]:
+    return {"index": index, "pid": pid, "serving": serving, "failures": failures,
+            "restarts": failures, "last_exit": -9 if failures else None, "restart_in": 0.2}
+
+
+def test_health_fails_while_a_slot_does_not_serve_or_crash_loops_not_after_one_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: the rule of worker_problem, on the supervisor's status file."""
+    monkeypatch.setenv(SHARED_DIR_ENV, str(tmp_path))
+
+    def problem(*slots: dict[str, object]) -> str | None:
+        (tmp_path / STATUS_FILE).write_text(json.dumps({"workers": len(slots),
+                                                        "slots": list(slots)}))
+        return worker_problem()
+
+    fine = _slot(0, 100, True, 0)
+    assert problem(fine, _slot(1, 101, True, 0)) is None
+    assert problem(fine, _slot(1, 102, True, 1)) is None  # one crash, replaced and serving
+    down = problem(fine, _slot(1, None, False, 1))
+    assert down is not None and "worker 1 down" in down
+    starting = problem(fine, _slot(1, 103, False, 1))
+    assert starting is not None and "worker 1 starting" in starting
+    looping = problem(fine, _slot(1, 104, True, CRASH_LOOP_FAILURES))
+    assert looping is not None and "worker 1 crash-looping" in looping
+    assert looping.startswith("1 of 2 workers failing")
+
+
+def test_one_killed_worker_whose_replacement_serves_leaves_health_200(
+        tmp_path: Path, redis_url: str) -> None:
+    """Issue 33: with --workers 2, a worker SIGKILLed once is replaced within a second; health
+    is 200 again as soon as the replacement serves, while the slot still counts its failure
+    (before: 503 until the slot had served 10 s and its failure was cleared)."""
+    config = tmp_path / "a.yaml"
+    config.write_text(good("alpha"))
+    http_port = free_port()
+    url = f"http://127.0.0.1:{http_port}"
+    log = open(tmp_path / "rls.log", "wb")
+
+    def output() -> str:
+        log.flush()
+        return (tmp_path / "rls.log").read_text(errors="replace")[-6000:]
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rls", "serve", "--config", str(config), "--workers", "2",
+         "--redis-url", redis_url, "--grpc-addr", f"127.0.0.1:{free_port()}",
+         "--http-addr", f"127.0.0.1:{http_port}"],
+        stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=str(ROOT),
+    )
+
+    def failures() -> float:
+        return (metric(url, "rls_worker_consecutive_failures", worker="0")
+                + metric(url, "rls_worker_consecutive_failures", worker="1"))
+
+    try:
+        wait_until(lambda: http_get(url + "/healthcheck")[0] == 200, 30, "workers serving",
+                   output)
+        victim = children(proc.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: failures() == 1, 30, "the supervisor counting the crash", output)
+        # Health back while the failure still counts: not held for the 10 s of stability.
+        wait_until(lambda: _workers_status(url)[0] == 200 and failures() == 1, 30,
+                   "health 200 with the replacement serving", output)
+        assert victim not in children(proc.pid) and len(children(proc.pid)) == 2
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGTERM)
