@@ -15,7 +15,7 @@ from importlib import metadata
 from rls.cli_hints import parse_args
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.loader import discover, load_files, load_paths, read_text, yaml_files_under
-from rls.config.reload import check_config_command
+from rls.config.reload import check_config_command, problems_line
 from rls.config.yaml_source import parse_yaml
 from rls.event_loop import loop_factory
 from rls.frequency.model import is_counters_doc
@@ -480,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             command = check_config_command(settings.config, settings.merge_domains,
                                            settings.strict)
-            print(f"rls: cannot start: the config does not load: {exc.detail()} "
+            print(f"rls: cannot start: the config does not load: {problems_line(exc)} "
                   f"(every problem: {command})", file=sys.stderr)
             return 1
         if not config.domains and not settings.allow_empty_config:

@@ -29,6 +29,7 @@ from rls.frequency.model import CountersConfig, load_config
 from rls.frequency.service import CountersService
 from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
 from rls.grpc_auth import interceptors
+from rls.listen_errors import cannot_listen
 from rls.metrics import Metrics
 from rls.response_cache.cache import ResponseCache
 from rls.response_cache.store import GuardedStore, StoreError
@@ -275,7 +276,7 @@ class Server:
         app, settings = self.app, self.settings
         fatal = not settings.allow_empty_config
         if not app.holder.reload(log_error=not fatal) and fatal:
-            # One line: the first error with its location, and how to list them all.
+            # One line: every problem with its location, and the command that checks again.
             log.error("cannot start: the config does not load: %s (every problem: %s)",
                       app.holder.last_error, check_config_command(
                           settings.config, settings.merge_domains, settings.strict))
@@ -375,7 +376,7 @@ class Server:
             port = server.add_insecure_port(addr)
         except RuntimeError as exc:  # grpc raises when the address is taken
             port = 0
-            log.error("cannot listen on %s (%s): %s", addr, what, exc)
+            log.error("%s", cannot_listen(addr, what, exc))
         return server if port else None
 
     async def _start_admin(self, counters: CountersService) -> web.AppRunner | None:
@@ -393,7 +394,7 @@ class Server:
         try:
             await site.start()
         except OSError as exc:
-            log.error("cannot listen on %s (admin): %s", settings.http_addr, exc)
+            log.error("%s", cannot_listen(settings.http_addr, "admin", exc))
             await runner.cleanup()
             return None
         if admin_token() is not None:

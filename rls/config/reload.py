@@ -51,9 +51,20 @@ def one_line(text: str, limit: int = MAX_LOG_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+MAX_PROBLEMS_SHOWN = 20  # in one log line; `rls check-config` lists them all
+
+
+def problems_line(error: ConfigError) -> str:
+    """Every problem of a load on one line, `P1 | P2 | …` (each located, each cut to
+    MAX_LOG_CHARS), at most MAX_PROBLEMS_SHOWN of them and then how many more."""
+    shown = [one_line(p.located()) for p in error.problems[:MAX_PROBLEMS_SHOWN]]
+    more = len(error.problems) - len(shown)
+    return " | ".join(shown + [f"and {more} more"] * bool(more))
+
+
 def check_config_command(paths: list[str], merge_domains: bool, strict: bool) -> str:
     """The `rls check-config` line that lists every problem of a config that would not start
-    (a start-up error names only the first)."""
+    (to run again once they are fixed)."""
     flags = ["--merge-domains"] * merge_domains + ["--strict"] * strict
     return shlex.join(["rls", "check-config", *flags, *paths])
 
@@ -185,7 +196,7 @@ class ConfigHolder:
                log_error: bool = True) -> bool:
         self._fingerprint = fp
         if isinstance(result, ConfigError):
-            self.last_error = one_line(result.detail())  # with its location
+            self.last_error = problems_line(result)  # each with its location
             self.metrics.config_loads.labels("error").inc()
             self.metrics.config_error.labels(result.file).set(1)
             self._error_files.add(result.file)
