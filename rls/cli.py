@@ -24,6 +24,7 @@ from rls.logging_setup import setup_logging
 from rls.response_cache import check_cache_file, is_cache_file
 from rls.settings import (
     CHOICES,
+    LOG_LEVEL_ALIASES,
     REFERENCE_ENV,
     SettingError,
     Settings,
@@ -56,7 +57,8 @@ FLAGS = {
     "probe_timeout_ms": "a probe PING slower than this counts as failed",
     "log_format": "text or json",
     "loop": "event loop: auto (uvloop where installed, else asyncio), uvloop or asyncio",
-    "log_level": "debug, info, warning, error",
+    "log_level": ", ".join(CHOICES["log_level"])
+    + " (also the reference's " + ", ".join(LOG_LEVEL_ALIASES) + ")",
     "shadow_mode": "global shadow mode: report OVER_LIMIT as OK",
     "quota_mode": "treat every descriptor as a quota",
     "limiting_off": "degradation switch: always answer OK",

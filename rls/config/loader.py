@@ -248,6 +248,7 @@ class _ConfigDraft:
         self.domains: dict[str, _DomainDraft] = {}
         self.files: list[str] = []
         self.warnings: list[ConfigWarning] = []
+        self.cache_files: list[str] = []
 
     def add(self, file: str, doc: Any) -> None:
         """One file's document, or a ConfigError with every independent problem of it.
@@ -309,6 +310,7 @@ class _ConfigDraft:
             {name: d.build() for name, d in self.domains.items()},
             tuple(self.files),
             tuple(self.warnings),
+            tuple(self.cache_files),
         )
 
 
@@ -409,8 +411,11 @@ def load_paths(
                 file, f"config files total over the {budget.max_total_bytes}-byte limit"
             )
         doc = found.check(_UNREAD, parse_yaml, file, text, budget.for_file())
-        if doc is _UNREAD or (in_directory and is_cache_doc(doc)):
-            continue  # cache rules: loaded by --cache-config, not here
+        if doc is _UNREAD:
+            continue
+        if in_directory and is_cache_doc(doc):
+            draft.cache_files.append(file)  # cache rules: loaded by --cache-config, not here
+            continue
         found.check(None, _add_file, draft, file, lambda d=doc: d)
     found.raise_if_any()
     return draft.build()

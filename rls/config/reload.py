@@ -51,6 +51,16 @@ def one_line(text: str, limit: int = MAX_LOG_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def _skipped(config: RateLimitConfig) -> str:
+    """`; not descriptors: …` naming the response-cache rules files a directory held (they
+    are read by --cache-config, not as limits), so a file count that looks short says why."""
+    if not config.cache_files:
+        return ""
+    names = one_line(", ".join(config.cache_files))
+    return (f"; {len(config.cache_files)} response-cache rules file(s) skipped "
+            f"(not descriptors; --cache-config reads them): {names}")
+
+
 MAX_PROBLEMS_SHOWN = 20  # in one log line; `rls check-config` lists them all
 
 
@@ -213,9 +223,10 @@ class ConfigHolder:
         self.metrics.config_loads.labels("success").inc()
         self.metrics.prepare_domains(config.domains)
         log.info(
-            "config loaded: %d file(s), domains: %s",
+            "config loaded: %d descriptor file(s), domains: %s%s",
             len(config.files),
             one_line(", ".join(sorted(config.domains)) or "(none)"),
+            _skipped(config),
         )
         if self.on_change is not None:
             self.on_change(config)
