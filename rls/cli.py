@@ -268,6 +268,9 @@ def _parser() -> argparse.ArgumentParser:
     purge = cache_sub.add_parser("purge", help="drop every entry of one API (O(1))")
     purge.add_argument("--api", required=True)
     _admin_options(purge)
+    cache_stats = cache_sub.add_parser("stats", help="the store, APIs, rules and hit counters "
+                                       "(GET /cache/stats)")
+    _admin_options(cache_stats)
     add_top_parser(sub, env_value("admin_url") or ADMIN_URL_DEFAULT)
     # `rls demo ...` is handed to rls.demo's own parser before this one runs (see main), so
     # `rls demo --help` shows the demo's options; this entry only lists it in `rls --help`.
@@ -420,7 +423,11 @@ def _admin_command(args: argparse.Namespace) -> int:
                 args.admin, args.domain, args.values, args.day, args.distinct, token
             )
         if args.command == "cache":
-            return client.purge(args.admin, args.api, token)
+            from rls.response_cache import cli as cache_cli
+
+            if args.cache_command == "stats":
+                return cache_cli.stats(args.admin, token)
+            return cache_cli.purge(args.admin, args.api, token)
         changes: dict[str, object] = {}
         if args.shadow_mode:
             changes["shadow_mode"] = args.shadow_mode == "on"

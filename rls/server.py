@@ -385,8 +385,7 @@ class Server:
         self.state.store_ready = False
         self.state.counters = counters  # type: ignore[attr-defined]  # read by admin/freq.py
         admin_app = create_app(self.state)
-        if self.cache is not None:
-            add_cache_routes(admin_app, self.cache)
+        add_cache_routes(admin_app, self.cache)  # without a cache: 404s that say so
         runner = web.AppRunner(admin_app, access_log=None, **RUNNER_OPTIONS)
         await runner.setup()
         host, http_port = split_addr(settings.http_addr)

@@ -5,6 +5,7 @@ Each test runs the behaviour and reads the sentence of the docs that describes i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,3 +65,32 @@ def test_serve_says_which_files_it_skipped_and_where_the_decision_log_goes(
     assert (f"; 2 response-cache rules file(s) skipped (not descriptors; --cache-config reads "
             f"them): {', '.join(cache_files)}") in log, log
     assert f"decision log: writing to {decisions} (100% of callers;" in log, log
+
+
+def test_rls_cache_purge_lists_the_apis_and_rls_cache_stats_shows_the_cache(
+        rls_factory: Callable[..., object], tmp_path: Path) -> None:
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text(GOOD)
+    proc = rls_factory(cfg, args=("--cache-config", str(ROOT / "config" / "cache.yaml")))
+    admin = proc.http_url  # type: ignore[attr-defined]
+    nope = rls("cache", "purge", "--api", "nope", "--admin", admin)
+    assert nope.returncode == 1
+    assert nope.stderr.strip() == (
+        "rls cache purge: HTTP 404: unknown api 'nope' (apis: items, translate)"
+    ), nope.stderr
+    stats = rls("cache", "stats", "--admin", admin)
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["apis"] == ["items", "translate"]
+    for doc in ("docs/cache.md", "docs/admin.md"):
+        assert "rls cache stats" in flat(doc), doc
+
+
+def test_rls_cache_stats_without_a_cache_says_so(rls_factory: Callable[..., object],
+                                                 tmp_path: Path) -> None:
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text(GOOD)
+    proc = rls_factory(cfg)
+    done = rls("cache", "stats", "--admin", proc.http_url)  # type: ignore[attr-defined]
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("rls cache stats: HTTP 404: no response cache here: "
+                                   "rls serve runs without --cache-config"), done.stderr
