@@ -22,6 +22,8 @@ from rls.frequency.model import is_counters_doc
 from rls.frequency.model import load_config as load_counters_config
 from rls.logging_setup import setup_logging
 from rls.response_cache import check_cache_file, is_cache_file
+from rls.response_cache.cli import add_parser as add_cache_parser
+from rls.response_cache.cli import command as cache_command
 from rls.settings import (
     CHOICES,
     LOG_LEVEL_ALIASES,
@@ -263,14 +265,7 @@ def _parser() -> argparse.ArgumentParser:
     switches.add_argument(
         "--shadow-domains", help="comma-separated domains ('' for none; default: unchanged)"
     )
-    cache = sub.add_parser("cache", help="response cache administration")
-    cache_sub = cache.add_subparsers(dest="cache_command", required=True)
-    purge = cache_sub.add_parser("purge", help="drop every entry of one API (O(1))")
-    purge.add_argument("--api", required=True)
-    _admin_options(purge)
-    cache_stats = cache_sub.add_parser("stats", help="the store, APIs, rules and hit counters "
-                                       "(GET /cache/stats)")
-    _admin_options(cache_stats)
+    add_cache_parser(sub, _admin_options)
     add_top_parser(sub, env_value("admin_url") or ADMIN_URL_DEFAULT)
     # `rls demo ...` is handed to rls.demo's own parser before this one runs (see main), so
     # `rls demo --help` shows the demo's options; this entry only lists it in `rls --help`.
@@ -423,11 +418,7 @@ def _admin_command(args: argparse.Namespace) -> int:
                 args.admin, args.domain, args.values, args.day, args.distinct, token
             )
         if args.command == "cache":
-            from rls.response_cache import cli as cache_cli
-
-            if args.cache_command == "stats":
-                return cache_cli.stats(args.admin, token)
-            return cache_cli.purge(args.admin, args.api, token)
+            return cache_command(args, token)
         changes: dict[str, object] = {}
         if args.shadow_mode:
             changes["shadow_mode"] = args.shadow_mode == "on"

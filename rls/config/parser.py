@@ -153,18 +153,7 @@ def _check_keys(
             else:
                 _check_keys(file, v, warnings, child, k_line, False, report)
     elif isinstance(obj, list):
-        for index, item in enumerate(obj):
-            if not isinstance(item, dict):
-                report(ConfigError(
-                    file,
-                    f"config error, yaml file contains list of type other than map: {render(item)}",
-                    line=line, node=path,
-                ))
-                continue
-            item_path = path if in_descriptors else f"{path}[{index}]"
-            _check_keys(
-                file, item, warnings, item_path, line_of(item) or line, in_descriptors, report
-            )
+        _check_list(file, obj, warnings, path, line, in_descriptors, report)
     elif obj is None or isinstance(obj, (str, bool, int, YamlBool)):
         return
     else:
@@ -172,6 +161,30 @@ def _check_keys(
             file, "error checking config", line=line, node=path,
             hint=f"{render(obj)} is not a string, integer or boolean",
         ))
+
+
+def _check_list(
+    file: str,
+    items: list[Any],
+    warnings: list[ConfigWarning] | None,
+    path: str,
+    line: int | None,
+    in_descriptors: bool,
+    report: Callable[[ConfigError], None],
+) -> None:
+    """A list's items must be maps (the reference's rule), each checked like any map."""
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            report(ConfigError(
+                file,
+                f"config error, yaml file contains list of type other than map: {render(item)}",
+                line=line, node=path,
+            ))
+            continue
+        item_path = path if in_descriptors else f"{path}[{index}]"
+        _check_keys(
+            file, item, warnings, item_path, line_of(item) or line, in_descriptors, report
+        )
 
 
 class DomainParser:
