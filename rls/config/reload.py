@@ -158,7 +158,7 @@ class ConfigHolder:
             for warning in config.warnings:
                 log.warning("%s", warning)
             if self.strict and config.warnings:
-                raise config.warnings[0].as_error()
+                raise ConfigError.of([warning.as_error() for warning in config.warnings])
             if not config.domains and not self.allow_empty:
                 raise ConfigError(
                     ", ".join(self.paths) or "(no --config)",

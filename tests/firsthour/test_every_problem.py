@@ -163,17 +163,36 @@ def test_a_unit_like_no_other_lists_the_units() -> None:
 # ------------------------------------------------------------------ taken ports
 
 
-@pytest.mark.parametrize(("flag", "what"), [("--grpc-addr", "gRPC"), ("--http-addr", "admin")])
+@pytest.mark.parametrize(("flag", "what"), [
+    ("--grpc-addr", "gRPC"), ("--http-addr", "admin"), ("--extproc-addr", "ext_proc")
+])
 def test_a_taken_port_says_it_is_in_use_and_names_the_flag(flag: str, what: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         addr = f"127.0.0.1:{taken.getsockname()[1]}"
         ports = {"--grpc-addr": f"127.0.0.1:{free_port()}",
-                 "--http-addr": f"127.0.0.1:{free_port()}", flag: addr}
+                 "--http-addr": f"127.0.0.1:{free_port()}",
+                 "--extproc-addr": f"127.0.0.1:{free_port()}", flag: addr}
         done = rls("serve", "--allow-empty-config", *(x for kv in ports.items() for x in kv),
-                   timeout=60)
+                   "--cache-config", str(ROOT / "config" / "cache.yaml"), timeout=60)
     assert done.returncode != 0
     assert (f"cannot listen on {addr} ({what}): port {addr.split(':')[1]} is already in use "
             f"(another rls, or another program, listens on it); choose another address "
             f"with {flag}") in done.stderr, done.stderr
+
+
+def test_strict_start_up_names_every_warning(tmp_path: Path) -> None:
+    cfg = tmp_path / "warn.yaml"
+    cfg.write_text("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second}\n"
+                   "  - key: b\n    rate_limit: {unit: minute}\n")
+    done = subprocess.run(
+        [RLS, "serve", "--strict", "--config", str(cfg), "--grpc-addr",
+         f"127.0.0.1:{free_port()}", "--http-addr", f"127.0.0.1:{free_port()}"],
+        capture_output=True, text=True, timeout=60, env=clean_env(), cwd=ROOT,
+    )
+    assert done.returncode == 1
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if " ERROR " in line]
+    assert len(errors) == 1, errors
+    assert f"(at {cfg}:4, node d.a.rate_limit) | " in errors[0], errors[0]
+    assert f"(at {cfg}:6, node d.b.rate_limit) (every problem: " in errors[0], errors[0]
