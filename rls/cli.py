@@ -15,15 +15,18 @@ from importlib import metadata
 from rls.cli_hints import parse_args
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.loader import discover, load_files, load_paths, read_text, yaml_files_under
-from rls.config.reload import check_config_command
+from rls.config.reload import check_config_command, problems_line
 from rls.config.yaml_source import parse_yaml
 from rls.event_loop import loop_factory
 from rls.frequency.model import is_counters_doc
 from rls.frequency.model import load_config as load_counters_config
 from rls.logging_setup import setup_logging
 from rls.response_cache import check_cache_file, is_cache_file
+from rls.response_cache.cli import add_parser as add_cache_parser
+from rls.response_cache.cli import command as cache_command
 from rls.settings import (
     CHOICES,
+    LOG_LEVEL_ALIASES,
     REFERENCE_ENV,
     SettingError,
     Settings,
@@ -56,7 +59,8 @@ FLAGS = {
     "probe_timeout_ms": "a probe PING slower than this counts as failed",
     "log_format": "text or json",
     "loop": "event loop: auto (uvloop where installed, else asyncio), uvloop or asyncio",
-    "log_level": "debug, info, warning, error",
+    "log_level": ", ".join(CHOICES["log_level"])
+    + " (also the reference's " + ", ".join(LOG_LEVEL_ALIASES) + ")",
     "shadow_mode": "global shadow mode: report OVER_LIMIT as OK",
     "quota_mode": "treat every descriptor as a quota",
     "limiting_off": "degradation switch: always answer OK",
@@ -264,11 +268,7 @@ def _parser() -> argparse.ArgumentParser:
     switches.add_argument(
         "--shadow-domains", help="comma-separated domains ('' for none; default: unchanged)"
     )
-    cache = sub.add_parser("cache", help="response cache administration")
-    cache_sub = cache.add_subparsers(dest="cache_command", required=True)
-    purge = cache_sub.add_parser("purge", help="drop every entry of one API (O(1))")
-    purge.add_argument("--api", required=True)
-    _admin_options(purge)
+    add_cache_parser(sub, _admin_options)
     add_top_parser(sub, env_value("admin_url") or ADMIN_URL_DEFAULT)
     # `rls demo ...` is handed to rls.demo's own parser before this one runs (see main), so
     # `rls demo --help` shows the demo's options; this entry only lists it in `rls --help`.
@@ -421,7 +421,7 @@ def _admin_command(args: argparse.Namespace) -> int:
                 args.admin, args.domain, args.values, args.day, args.distinct, token
             )
         if args.command == "cache":
-            return client.purge(args.admin, args.api, token)
+            return cache_command(args, token)
         changes: dict[str, object] = {}
         if args.shadow_mode:
             changes["shadow_mode"] = args.shadow_mode == "on"
@@ -486,7 +486,7 @@ def main(argv: Sequence[str] | None = None, notes: Sequence[tuple[int, str]] = (
         except ConfigError as exc:
             command = check_config_command(settings.config, settings.merge_domains,
                                            settings.strict)
-            print(f"rls: cannot start: the config does not load: {exc.detail()} "
+            print(f"rls: cannot start: the config does not load: {problems_line(exc)} "
                   f"(every problem: {command})", file=sys.stderr)
             return 1
         if not config.domains and not settings.allow_empty_config:

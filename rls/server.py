@@ -30,6 +30,7 @@ from rls.frequency.model import CountersConfig, load_config
 from rls.frequency.service import CountersService
 from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
 from rls.grpc_auth import interceptors
+from rls.listen_errors import cannot_listen
 from rls.metrics import Metrics
 from rls.response_cache.cache import ResponseCache
 from rls.response_cache.store import GuardedStore, StoreError
@@ -276,7 +277,7 @@ class Server:
         app, settings = self.app, self.settings
         fatal = not settings.allow_empty_config
         if not app.holder.reload(log_error=not fatal) and fatal:
-            # One line: the first error with its location, and how to list them all.
+            # One line: every problem with its location, and the command that checks again.
             log.error("cannot start: the config does not load: %s (every problem: %s)",
                       app.holder.last_error, check_config_command(
                           settings.config, settings.merge_domains, settings.strict))
@@ -376,7 +377,7 @@ class Server:
             port = server.add_insecure_port(addr)
         except RuntimeError as exc:  # grpc raises when the address is taken
             port = 0
-            log.error("cannot listen on %s (%s): %s", addr, what, exc)
+            log.error("%s", cannot_listen(addr, what, exc))
         return server if port else None
 
     async def _start_admin(self, counters: CountersService) -> list[web.AppRunner] | None:
@@ -385,8 +386,8 @@ class Server:
         self.state.store_ready = False
         self.state.counters = counters  # type: ignore[attr-defined]  # read by admin/freq.py
         admin_app = create_app(self.state)
-        if self.cache is not None and not settings.admin_read_only:
-            add_cache_routes(admin_app, self.cache)
+        if not settings.admin_read_only:
+            add_cache_routes(admin_app, self.cache)  # without a cache: 404s that say so
         runners = await start_http(admin_app, self.state, settings, shared_dir() is not None)
         if runners is not None and admin_token() is not None:
             log.info("admin token on: mutating admin endpoints and /json need the bearer token")

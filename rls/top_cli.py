@@ -3,15 +3,23 @@
 A thin client of the admin `GET /top` (rls/admin/top.py): every `--interval` seconds it clears
 the terminal and prints one table of the descriptors over (or near) their limits, per domain,
 summed over the workers. `--once` prints the table once without clearing, for scripts.
+
+In a terminal, `q` quits (as in `top`; Ctrl-C too) and every line is cut to the terminal's
+width (ending in `…`) instead of wrapping: a wrapped row breaks the table's columns.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import select
+import shutil
 import sys
-import time
+import termios
+import tty
 import urllib.parse
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -65,38 +73,88 @@ def render(payload: dict[str, Any], args: argparse.Namespace) -> str:
         lines.append(f"(no descriptor {payload['sort']} its limit in the last {payload['window']})")
     candidates = payload.get("candidates") or {}
     if candidates:
-        lines += ["", "WOULD BE LIMITED BY CANDIDATE LIMITS (not enforced)",
-                  f"{'DOMAIN':<20} {'OVER':>10} {'NEAR':>10} {'±ERR':>8}  LIMIT ~ CANDIDATE  "
-                  "DESCRIPTOR"]
-        for domain, entries in candidates.items():
-            for row in entries:
-                lines.append(
-                    f"{domain[:20]:<20} {row['over']:>10} {row['near']:>10} {row['error']:>8}  "
-                    f"{row['limit']} ~ {row['candidate']}  {row['descriptor']}"
-                )
+        lines += ["", "WOULD BE LIMITED BY CANDIDATE LIMITS (not enforced)"]
+        lines += _candidate_rows(candidates)
     return "\n".join(lines) + "\n"
 
 
+def _candidate_rows(candidates: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The candidate table in the live table's columns (it fits the same 80-column terminal),
+    rows grouped under a `<limit> ~ <candidate>` line each, groups in order of appearance."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for domain, entries in candidates.items():
+        for row in entries:
+            groups.setdefault((row["limit"], row["candidate"]), []).append(
+                f"{domain[:20]:<20} {row['over']:>10} {row['near']:>10} {row['error']:>8}  "
+                f"{row['descriptor']}"
+            )
+    lines = [f"{'DOMAIN':<20} {'OVER':>10} {'NEAR':>10} {'±ERR':>8}  DESCRIPTOR"]
+    for (limit, candidate), rows in groups.items():
+        lines += [f"{limit} ~ {candidate}", *rows]
+    return lines
+
+
+def fit(text: str, width: int) -> str:
+    """Every line of `text` cut to `width` characters (the last one `…` when cut)."""
+    return "\n".join(
+        line if len(line) <= width else line[: width - 1] + "…" for line in text.split("\n")
+    )
+
+
+@contextlib.contextmanager
+def keys(stream: TextIO) -> Iterator[bool]:
+    """The terminal in cbreak mode (a key arrives without Enter; Ctrl-C still interrupts)
+    while the view runs, restored after; yields whether keys can be read at all."""
+    if not stream.isatty():
+        yield False
+        return
+    fd = stream.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield True
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def quit_pressed(stream: TextIO, seconds: float) -> bool:
+    """Wait up to `seconds` for a key: True when it was `q` (or `Q`)."""
+    ready, _, _ = select.select([stream], [], [], seconds)
+    return bool(ready) and b"q" in os.read(stream.fileno(), 64).lower()
+
+
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    while True:
-        try:
-            status, payload = fetch(args)
-        except OSError as exc:
-            status, payload = 0, {"error": str(exc)}
-        if status == 200:
-            text = render(payload, args)
-        else:
-            error = payload.get("error") if isinstance(payload, dict) else payload
-            text = f"rls top: {args.admin}: {status or 'unreachable'}: {error}\n"
-        if args.once:
-            (out if status == 200 else sys.stderr).write(text)
-            return 0 if status == 200 else 1
-        out.write(CLEAR + text)
-        out.flush()
-        try:
-            time.sleep(args.interval)
-        except KeyboardInterrupt:
-            return 0
+    if args.once:
+        return _show(args, out)
+    with keys(sys.stdin) as interactive:
+        while True:
+            _show(args, out)
+            if interactive:
+                if quit_pressed(sys.stdin, args.interval):
+                    return 0
+            else:
+                select.select([], [], [], args.interval)
+
+
+def _show(args: argparse.Namespace, out: TextIO) -> int:
+    """Fetch and print once (cleared and cut to the terminal's width unless --once)."""
+    try:
+        status, payload = fetch(args)
+    except OSError as exc:
+        status, payload = 0, {"error": str(exc)}
+    if status == 200:
+        text = render(payload, args)
+    else:
+        error = payload.get("error") if isinstance(payload, dict) else payload
+        text = f"rls top: {args.admin}: {status or 'unreachable'}: {error}\n"
+    if args.once:
+        (out if status == 200 else sys.stderr).write(text)
+        return 0 if status == 200 else 1
+    text += "q: quit\n"
+    width = shutil.get_terminal_size().columns if out.isatty() else None
+    out.write(CLEAR + (fit(text, width) if width else text))
+    out.flush()
+    return 0 if status == 200 else 1
 
 
 def main(args: argparse.Namespace) -> int:

@@ -46,6 +46,25 @@ def json_error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers or None)
 
 
+# The frequency-counters API answers every refusal as {"code", "message"}, like its gRPC twin
+# (docs/counters.md), the ones of this module (401, 413, 415) included.
+COUNTERS_PREFIX = "/v1/counters/"
+
+
+def counters_error(status: int, message: str, **extra: Any) -> dict[str, Any]:
+    """A refusal of the counters API: `invalid` for the caller's mistakes, `unavailable`."""
+    return {"code": "invalid" if status < 500 else "unavailable", "message": message, **extra}
+
+
+def refusal(request: web.Request, status: int, message: str, **headers: str) -> web.Response:
+    """A refusal in the shape of the API the request was for."""
+    if request.path.startswith(COUNTERS_PREFIX):
+        return web.json_response(
+            counters_error(status, message), status=status, headers=headers or None
+        )
+    return json_error(status, message, **headers)
+
+
 def _token_ok(request: web.Request, token: str) -> bool:
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(
@@ -53,8 +72,10 @@ def _token_ok(request: web.Request, token: str) -> bool:
     )
 
 
-def _unauthorized() -> web.Response:
-    return json_error(401, "missing or wrong bearer token", **{"WWW-Authenticate": "Bearer"})
+def _unauthorized(request: web.Request) -> web.Response:
+    return refusal(
+        request, 401, "missing or wrong bearer token", **{"WWW-Authenticate": "Bearer"}
+    )
 
 
 def requires_token(handler: Handler) -> Handler:
@@ -63,7 +84,7 @@ def requires_token(handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
         token = admin_token()
         if token is not None and not _token_ok(request, token):
-            return _unauthorized()
+            return _unauthorized(request)
         return await handler(request)
 
     guarded.__name__ = handler.__name__
@@ -81,15 +102,16 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Token, content type and body errors for every admin route (see the module doc)."""
     token = admin_token()
     if token is not None and needs_token(request) and not _token_ok(request, token):
-        return _unauthorized()
+        return _unauthorized(request)
     if request.method not in SAFE_METHODS and request.content_type != "application/json":
-        return json_error(
-            415, f"{request.method} requests must be sent as Content-Type: application/json"
+        return refusal(
+            request, 415,
+            f"{request.method} requests must be sent as Content-Type: application/json",
         )
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
-        return json_error(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        return refusal(request, 413, f"body larger than {MAX_BODY_BYTES} bytes")
 
 
 class BadBody(Exception):

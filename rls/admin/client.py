@@ -67,7 +67,7 @@ def call(
         try:
             payload = json.loads(raw)
             message = (
-                payload.get("error", raw.decode())
+                _error_text(payload, raw.decode())
                 if isinstance(payload, dict)
                 else raw.decode(errors="replace")
             )
@@ -80,7 +80,22 @@ def call(
         raise OSError(f"cannot reach {admin}: {exc.reason}") from None
 
 
-def _run(command: str, admin: str, path: str, body: Any | None, token: str | None,
+def _error_text(payload: dict[str, Any], raw: str) -> str:
+    """An error answer's `error`, and what else the server sent with it (`apis: items,
+    translate` for an unknown API; a batch's `errors`), so the CLI shows all of it."""
+    text = str(payload.get("error", raw))
+    for key, value in payload.items():
+        if key == "error":
+            continue
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            shown = ", ".join(value) or "(none)"
+        else:
+            shown = json.dumps(value)
+        text += f" ({key}: {shown})"
+    return text
+
+
+def run(command: str, admin: str, path: str, body: Any | None, token: str | None,
          method: str | None = None) -> int:
     try:
         payload = call(admin, path, body, token, method)
@@ -95,7 +110,7 @@ def _run(command: str, admin: str, path: str, body: Any | None, token: str | Non
 
 def counters(admin: str, domain: str, descriptors: Sequence[str], token: str | None = None) -> int:
     body = {"domain": domain, "descriptors": [parse_descriptor(d) for d in descriptors]}
-    return _run("counters", admin, "/counters", body, token)
+    return run("counters", admin, "/counters", body, token)
 
 
 def add(
@@ -107,7 +122,7 @@ def add(
     }
     if hits:
         item["hitsAddend"] = hits
-    return _run("counters", admin, "/add", {"items": [item]}, token)
+    return run("counters", admin, "/add", {"items": [item]}, token)
 
 
 def usage(
@@ -124,16 +139,11 @@ def usage(
         if not key or not sep:
             raise ValueError(f"statistic keys are key=value, got {item!r}")
         query[key] = value
-    return _run("usage", admin, "/usage?" + urllib.parse.urlencode(query), None, token)
+    return run("usage", admin, "/usage?" + urllib.parse.urlencode(query), None, token)
 
 
 def switches(admin: str, changes: dict[str, Any], token: str | None = None) -> int:
-    return _run("switches", admin, "/switches", changes or None, token)
-
-
-def purge(admin: str, api: str, token: str | None = None) -> int:
-    path = "/cache/purge?" + urllib.parse.urlencode({"api": api})
-    return _run("cache purge", admin, path, {}, token, method="POST")
+    return run("switches", admin, "/switches", changes or None, token)
 
 
 def fail(command: str, message: str) -> int:

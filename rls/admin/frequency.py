@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rls.admin.auth import BadBody, Handler, read_json, requires_token
+from rls.admin.auth import BadBody, Handler, counters_error, read_json, requires_token
 from rls.frequency.model import MAX_BATCH, InvalidItem, Item, Result, item_from_json
 from rls.frequency.service import CountersService
 from rls.frequency.storage import CounterStoreError
@@ -32,10 +32,7 @@ class _Refused(Exception):
 
     def __init__(self, status: int, message: str, **extra: Any) -> None:
         super().__init__(message)
-        code = "invalid" if status < 500 else "unavailable"
-        self.response = web.json_response(
-            {"code": code, "message": message, **extra}, status=status
-        )
+        self.response = web.json_response(counters_error(status, message, **extra), status=status)
 
 
 def _answers(handler: Handler) -> Handler:

@@ -14,6 +14,7 @@ import logging
 from aiohttp import web
 
 from rls.admin.app import RUNNER_OPTIONS, AdminState, metrics
+from rls.listen_errors import cannot_listen
 from rls.settings import Settings
 
 log = logging.getLogger("rls.server")
@@ -31,7 +32,7 @@ async def start_site(
     try:
         await site.start()
     except OSError as exc:
-        log.error("cannot listen on %s (%s): %s", addr, what, exc)
+        log.error("%s", cannot_listen(addr, what, exc))
         await runner.cleanup()
         return None
     return runner

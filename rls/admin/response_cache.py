@@ -2,6 +2,9 @@
 
 Purge is mutating, so it requires `Authorization: Bearer $RLS_ADMIN_TOKEN` whenever that
 variable is set (read per request, so a rotated token needs no restart); stats are read-only.
+An unknown API is a 404 that lists the APIs the rules define. Without a response cache
+(`rls serve` with no `--cache-config`) both routes answer 404 saying so, rather than aiohttp's
+bare `Not Found`.
 """
 
 from __future__ import annotations
@@ -13,17 +16,21 @@ from rls.response_cache.cache import ResponseCache
 from rls.response_cache.store import StoreError
 
 CACHE_KEY = web.AppKey("rls_cache", ResponseCache)
+NO_CACHE = "no response cache here: rls serve runs without --cache-config"
 
 
-def add_cache_routes(app: web.Application, cache: ResponseCache) -> None:
-    app[CACHE_KEY] = cache
+def add_cache_routes(app: web.Application, cache: ResponseCache | None) -> None:
+    if cache is not None:
+        app[CACHE_KEY] = cache
     app.router.add_post("/cache/purge", purge)
     app.router.add_get("/cache/stats", stats)
 
 
 @requires_token
 async def purge(request: web.Request) -> web.Response:
-    cache = request.app[CACHE_KEY]
+    cache = request.app.get(CACHE_KEY)
+    if cache is None:
+        return web.json_response({"error": NO_CACHE}, status=404)
     api = request.query.get("api", "")
     if not api:
         return web.json_response({"error": "query parameter 'api' is required"}, status=400)
@@ -38,4 +45,7 @@ async def purge(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[CACHE_KEY].stats())
+    cache = request.app.get(CACHE_KEY)
+    if cache is None:
+        return web.json_response({"error": NO_CACHE}, status=404)
+    return web.json_response(cache.stats())

@@ -15,7 +15,7 @@ import re
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from rls.config.errors import ConfigError, ConfigWarning
+from rls.config.errors import ConfigError, ConfigWarning, Problems, did_you_mean
 from rls.config.model import MAX_WINDOW_SECONDS, UNIT_SECONDS, Limit, Unit
 from rls.config.yaml_source import as_bool, as_list, as_str, as_uint, line_of
 from rls.core.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
@@ -63,6 +63,16 @@ CANDIDATE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_CANDIDATES = 8  # per live limit: each one is a counter more per request
 
 
+UNIT_NAMES = tuple(unit.name.lower() for unit in UNIT_SECONDS)
+
+
+def unit_hint(text: str) -> str:
+    """`did you mean 'minute'?` (when one is close) and the valid units, for a bad `unit:`."""
+    close = did_you_mean(text.lower(), UNIT_NAMES)
+    valid = f"valid units: {', '.join(UNIT_NAMES)}"
+    return f"{close} {valid}" if close else valid
+
+
 def parse_unit(text: str) -> Unit | None:
     try:
         unit = Unit[text.upper()]
@@ -93,9 +103,15 @@ class LimitParser:
         specs.extend(as_list(self.file, raw.get("rate_limits"), "rate_limits"))
         limits: list[Limit] = []
         single = raw.get("rate_limit") is not None
+        found = Problems()  # each spec's problems are independent of the others'
         for index, spec in enumerate(specs):
             where = "rate_limit" if single and not index else f"rate_limits[{index - single}]"
-            limits.append(self._located_limit(spec, path, where, shadow, quota, index))
+            limit = found.check(
+                None, self._located_limit, spec, path, where, shadow, quota, index
+            )
+            if limit is not None:
+                limits.append(limit)
+        found.raise_if_any()
         self._check_limit_set(limits, path)
         if len(limits) > 1:
             distinct_metric_keys(limits, path)
@@ -148,8 +164,7 @@ class LimitParser:
             try:
                 out.append(self._candidate(live, spec, entry, f"'{at}[{i}]'"))
             except ConfigError as exc:
-                field = exc.field if isinstance(entry, dict) and exc.field in entry else None
-                raise exc.locate(line_of(entry, field), f"{at}[{i}]") from None
+                raise exc.locate_in(entry, f"{at}[{i}]") from None
             if out[-1].candidate in (c.candidate for c in out[:-1]):
                 raise self.fail(
                     f"'{at}[{i}]': two candidates named '{out[-1].candidate}'", "name"
@@ -197,8 +212,7 @@ class LimitParser:
         try:
             limit = self.limit(spec, path, shadow, quota, index)
         except ConfigError as exc:
-            field = exc.field if exc.field in spec else None
-            raise exc.locate(line_of(spec, field), f"{path}.{where}") from None
+            raise exc.locate_in(spec, f"{path}.{where}") from None
         if spec.get("requests_per_unit") is None and not limit.unlimited:
             self.warnings.append(
                 ConfigWarning(
@@ -226,30 +240,39 @@ class LimitParser:
     def limit(
         self, spec: dict[str, Any], path: str, shadow: bool, quota: bool, index: int
     ) -> Limit:
-        """One spec into a Limit; the steps run in the order the reference reports errors."""
+        """One spec into a Limit. Each field is read on its own and every bad one reported
+        (as the reference's YAML unmarshalling reports every bad type at once); combinations
+        of fields are checked only when every field read (they depend on the fields)."""
         f = self.file
-        unlimited, unit, unit_text = self._unit(spec)
-        name = as_str(f, spec.get("name"), "name")
-        replaces = self._replaces(spec, name)
-        algorithm = self._algorithm(spec, path)
-        multiplier = self._multiplier(spec, path, unit)
-        burst = spec.get("burst")
-        burst = None if burst is None else as_uint(f, burst, "burst")
-        overdraft = as_uint(f, spec.get("overdraft"), "overdraft")
-        calendar = as_bool(f, spec.get("calendar"), "calendar")
-        rolling = self._rolling(spec, path)
-        timezone = self._timezone(spec, path)
+        found = Problems()
+        unlimited, unit, unit_text = found.check((False, Unit.UNKNOWN, ""), self._unit, spec)
+        name = found.check("", as_str, f, spec.get("name"), "name")
+        replaces: set[str] = found.check(set(), self._replaces, spec, name)
+        algorithm = found.check("fixed_window", self._algorithm, spec, path)
+        multiplier = found.check(1, self._multiplier, spec, path, unit)
+        burst = None if spec.get("burst") is None else found.check(
+            None, as_uint, f, spec.get("burst"), "burst"
+        )
+        overdraft = found.check(0, as_uint, f, spec.get("overdraft"), "overdraft")
+        calendar = found.check(False, as_bool, f, spec.get("calendar"), "calendar")
+        rolling = found.check(False, self._rolling, spec, path)
+        timezone = found.check("UTC", self._timezone, spec, path)
+        rpu = found.check(0, as_uint, f, spec.get("requests_per_unit"), "requests_per_unit")
+        charge = found.check("on_allow", self._charge, spec, path)
+        accept = spec.get("accept_releases")
+        accept_releases = None if accept is None else found.check(
+            None, as_bool, f, accept, "accept_releases"
+        )
+        found.raise_if_any()
         self._check_extensions(
             path, algorithm, burst, overdraft, calendar, rolling, spec, unit, unlimited
         )
-        rpu = as_uint(f, spec.get("requests_per_unit"), "requests_per_unit")
         if overdraft > rpu:
             raise self.fail(f"'{path}': overdraft must not exceed requests_per_unit")
-        charge = self._charge(spec, path)
         if not unlimited and unit not in UNIT_SECONDS:
-            raise self.fail(f"invalid rate limit unit '{unit_text}'")
-        accept = spec.get("accept_releases")
-        accept_releases = None if accept is None else as_bool(f, accept, "accept_releases")
+            raise ConfigError(
+                f, f"invalid rate limit unit '{unit_text}'", hint=unit_hint(unit_text)
+            )
         return Limit(
             requests_per_unit=rpu, unit=unit, name=name, unlimited=unlimited,
             shadow_mode=shadow, quota_mode=quota, replaces=frozenset(replaces),
@@ -269,7 +292,10 @@ class LimitParser:
                 raise self.fail("should not specify rate limit unit when unlimited", "unit")
             unit = Unit.UNKNOWN
         elif unit is None:
-            raise self.fail(f"invalid rate limit unit '{unit_text}'", "unit")
+            raise ConfigError(
+                self.file, f"invalid rate limit unit '{unit_text}'", field="unit",
+                hint=unit_hint(unit_text),
+            )
         return unlimited, unit, unit_text
 
     def _replaces(self, spec: dict[str, Any], name: str) -> set[str]:
@@ -288,7 +314,8 @@ class LimitParser:
         algorithm = as_str(self.file, spec.get("algorithm"), "algorithm") or "fixed_window"
         if algorithm not in ALGORITHMS:
             raise self.fail(
-                f"'{path}': unknown algorithm '{algorithm}' (one of {', '.join(ALGORITHMS)})"
+                f"'{path}': unknown algorithm '{algorithm}' (one of {', '.join(ALGORITHMS)})",
+                "algorithm",
             )
         return algorithm
 
@@ -318,13 +345,15 @@ class LimitParser:
             try:
                 ZoneInfo(timezone)
             except (ZoneInfoNotFoundError, ValueError):
-                raise self.fail(f"'{path}': unknown timezone '{timezone}'") from None
+                raise self.fail(f"'{path}': unknown timezone '{timezone}'", "timezone") from None
         return timezone
 
     def _charge(self, spec: dict[str, Any], path: str) -> str:
         charge = as_str(self.file, spec.get("charge"), "charge") or "on_allow"
         if charge not in ("on_allow", "always"):
-            raise self.fail(f"'{path}': charge must be 'on_allow' or 'always', not '{charge}'")
+            raise self.fail(
+                f"'{path}': charge must be 'on_allow' or 'always', not '{charge}'", "charge"
+            )
         return charge
 
     def _check_extensions(

@@ -12,6 +12,7 @@ the size budget is rejected unread, and YAML is parsed with a node, depth and ti
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import stat
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rls.config.errors import ConfigError, ConfigWarning
+from rls.config.errors import ConfigError, ConfigWarning, Problems
 from rls.config.limit_parser import LIMIT_KEYS, SPEC_FIELDS, stray_limit_fields
 from rls.config.model import Domain, Level, Node, RateLimitConfig
 from rls.config.parser import DomainParser, check_keys
@@ -192,14 +193,23 @@ def discover(paths: Iterable[str]) -> list[str]:
 def load_files(
     files: Iterable[tuple[str, str]], merge_domains: bool = False
 ) -> RateLimitConfig:
-    """Build a config from (file name, text) pairs; raises ConfigError naming the bad file."""
+    """Build a config from (file name, text) pairs; raises ConfigError with every problem of
+    every bad file (each file is checked, whatever the files before it held)."""
     draft = _ConfigDraft(merge_domains)
+    found = Problems()
     for file, text in files:
-        try:
-            draft.add(file, parse_yaml(file, text))
-        except RecursionError:  # deep or self-referencing (YAML anchor) descriptor trees
-            raise ConfigError(file, _TOO_DEEP) from None
+        found.check(None, _add_file, draft, file, lambda f=file, t=text: parse_yaml(f, t))
+    found.raise_if_any()
     return draft.build()
+
+
+def _add_file(draft: _ConfigDraft, file: str, read: Callable[[], Any]) -> None:
+    """Parse (`read`) and add one file; RecursionError (deep or self-referencing descriptor
+    trees, through YAML anchors) becomes the file's ConfigError."""
+    try:
+        draft.add(file, read())
+    except RecursionError:
+        raise ConfigError(file, _TOO_DEEP) from None
 
 
 _TOO_DEEP = "config error, nesting too deep (or a YAML anchor that contains itself)"
@@ -238,51 +248,69 @@ class _ConfigDraft:
         self.domains: dict[str, _DomainDraft] = {}
         self.files: list[str] = []
         self.warnings: list[ConfigWarning] = []
+        self.cache_files: list[str] = []
 
     def add(self, file: str, doc: Any) -> None:
+        """One file's document, or a ConfigError with every independent problem of it.
+
+        The file's domain is built on a copy and committed only when the file is clean, so a
+        bad file leaves nothing behind for the files after it to trip over."""
         if doc is not None and not isinstance(doc, dict):
             raise ConfigError(file, "error loading config file: yaml: document must be a map")
         doc = doc or {}
         _check_depth(file, doc.get("descriptors"), 1)
-        check_keys(file, doc, self.warnings)
+        found = Problems()
+        check_keys(file, doc, self.warnings, found)
         self.warnings += stray_limit_fields(
             file, doc, "", LIMIT_KEYS + SPEC_FIELDS,
             "at the top of the file is ignored: limits belong to a descriptor "
             "(under descriptors:)",
         )
-        domain_name = as_str(file, doc.get("domain"), "domain")
+        domain_name = found.check("", as_str, file, doc.get("domain"), "domain")
         if not domain_name:
-            raise ConfigError(
+            found.add(ConfigError(
                 file,
                 "config file cannot have empty domain",
                 line=1,
                 hint="the file is empty" if not doc else "add `domain: <name>` at the top",
-            )
-        domain = self.domains.get(domain_name)
-        if domain is None:
-            domain = self.domains[domain_name] = _DomainDraft(domain_name)
-        elif not self.merge_domains:
-            raise ConfigError(file, f"duplicate domain '{domain_name}' in config file")
-        domain.files.append(file)
-        mode = as_str(file, doc.get("failure_mode"), "failure_mode")
+            ))
+            found.raise_if_any()  # the nodes' paths and merging need the domain's name
+        domain = self._domain_for(file, domain_name, found)
+        mode = found.check("", as_str, file, doc.get("failure_mode"), "failure_mode")
         if mode:
-            if mode not in ("allow", "deny"):
-                raise ConfigError(file, f"failure_mode must be 'allow' or 'deny', not '{mode}'")
-            domain.failure_mode = mode
-        _domain_key_hash(file, doc, domain)
-        usage = parse_usage_stats(file, doc.get("usage_stats"))
+            if mode in ("allow", "deny"):
+                domain.failure_mode = mode
+            else:
+                found.add(ConfigError(
+                    file, f"failure_mode must be 'allow' or 'deny', not '{mode}'",
+                    line=line_of(doc, "failure_mode"), node="failure_mode",
+                ))
+        found.check(None, _domain_key_hash, file, doc, domain)
+        usage = found.check(None, parse_usage_stats, file, doc.get("usage_stats"))
         if usage is not None:
             domain.usage = usage
-        DomainParser(file, domain_name, self.warnings).add_descriptors(
-            domain.nodes, doc.get("descriptors"), domain_name
-        )
+        parser = DomainParser(file, domain_name, self.warnings, found)
+        found.check(None, parser.add_descriptors, domain.nodes, doc.get("descriptors"),
+                    domain_name)
+        found.raise_if_any()
+        self.domains[domain_name] = domain
         self.files.append(file)
+
+    def _domain_for(self, file: str, name: str, found: Problems) -> _DomainDraft:
+        """A working copy of the domain `file` adds to (a new one unless merging)."""
+        domain = self.domains.get(name)
+        if domain is not None and not self.merge_domains:
+            found.add(ConfigError(file, f"duplicate domain '{name}' in config file"))
+        if domain is None or not self.merge_domains:
+            return _DomainDraft(name, files=[file])
+        return dataclasses.replace(domain, nodes=list(domain.nodes), files=[*domain.files, file])
 
     def build(self) -> RateLimitConfig:
         return RateLimitConfig(
             {name: d.build() for name, d in self.domains.items()},
             tuple(self.files),
             tuple(self.warnings),
+            tuple(self.cache_files),
         )
 
 
@@ -361,8 +389,8 @@ def _too_big(size: int, limit: int) -> str:
 def load_paths(
     paths: Iterable[str], merge_domains: bool = False, budget: LoadBudget | None = None
 ) -> RateLimitConfig:
-    """Load every descriptor file behind `paths` within `budget`; ConfigError on the first
-    bad file (the whole load is rejected)."""
+    """Load every descriptor file behind `paths` within `budget`; ConfigError with every
+    problem of every bad file (the whole load is rejected); a budget overrun ends it."""
     budget = budget or LoadBudget()
     sources = _sources(paths, log.warning)
     if len(sources) > budget.max_files:
@@ -370,20 +398,27 @@ def load_paths(
             str(next(iter(paths), "")), f"more than {budget.max_files} config files"
         )
     draft = _ConfigDraft(merge_domains)
+    found = Problems()
     total = 0
     for file, in_directory in sources:
         budget.check_time(file)
-        text = read_text(file, budget.max_file_bytes)
+        text = found.check(None, read_text, file, budget.max_file_bytes)
+        if text is None:
+            continue
         total += len(text)
         if total > budget.max_total_bytes:
             raise ConfigError(
                 file, f"config files total over the {budget.max_total_bytes}-byte limit"
             )
-        try:
-            doc = parse_yaml(file, text, budget.for_file())
-            if in_directory and is_cache_doc(doc):
-                continue  # response-cache rules: loaded by --cache-config, not here
-            draft.add(file, doc)
-        except RecursionError:
-            raise ConfigError(file, _TOO_DEEP) from None
+        doc = found.check(_UNREAD, parse_yaml, file, text, budget.for_file())
+        if doc is _UNREAD:
+            continue
+        if in_directory and is_cache_doc(doc):
+            draft.cache_files.append(file)  # cache rules: loaded by --cache-config, not here
+            continue
+        found.check(None, _add_file, draft, file, lambda d=doc: d)
+    found.raise_if_any()
     return draft.build()
+
+
+_UNREAD = object()  # a file whose YAML did not parse (its error is kept)

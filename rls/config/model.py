@@ -112,6 +112,8 @@ class RateLimitConfig:
     files: tuple[str, ...] = ()
     # rls.config.errors.ConfigWarning: loads, but probably a mistake (an error with --strict)
     warnings: tuple[Any, ...] = ()
+    # response-cache rules files found in a --config directory: left to --cache-config
+    cache_files: tuple[str, ...] = ()
 
     def all_limits(self) -> list[Limit]:
         return [lim for domain in self.domains.values() for lim in limits_of(domain)]

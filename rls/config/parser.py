@@ -8,13 +8,14 @@ specs (with the extensions of DESIGN §5) are parsed by rls/config/limit_parser.
 
 from __future__ import annotations
 
-import difflib
 import re
+from collections.abc import Callable
 from typing import Any
 
-from rls.config.errors import ConfigError, ConfigWarning
+from rls.config.errors import ConfigError, ConfigWarning, Problems
+from rls.config.errors import did_you_mean as hint_for
 from rls.config.limit_parser import LimitParser
-from rls.config.model import Level, Node
+from rls.config.model import Level, Limit, Node
 from rls.config.yaml_source import (
     YamlBool,
     YamlMap,
@@ -69,11 +70,7 @@ VALID_KEYS = REFERENCE_KEYS | EXTENSION_KEYS
 
 def did_you_mean(key: str) -> str | None:
     """A hint for a misspelled config key (`requests_per_unti` -> `requests_per_unit`)."""
-    close = difflib.get_close_matches(key, sorted(VALID_KEYS), n=1, cutoff=0.6)
-    if not close:
-        folded = key.replace("_", "").replace("-", "").lower()
-        close = [k for k in sorted(VALID_KEYS) if k.replace("_", "") == folded]
-    return f"did you mean '{close[0]}'?" if close else None
+    return hint_for(key, VALID_KEYS)
 
 
 def node_part(raw: dict[Any, Any]) -> str:
@@ -85,16 +82,28 @@ def node_part(raw: dict[Any, Any]) -> str:
     return f"{key}_{value}" if value else key
 
 
-def check_keys(file: str, obj: Any, warnings: list[ConfigWarning] | None = None) -> None:
+def check_keys(
+    file: str,
+    obj: Any,
+    warnings: list[ConfigWarning] | None = None,
+    problems: Problems | None = None,
+) -> None:
     """The reference's generic pass: every map key at any depth must be a whitelisted string.
 
     Errors keep the reference's text and carry the line and node path; a key repeated in one
-    mapping (YAML keeps the last one silently) becomes a warning.
+    mapping (YAML keeps the last one silently) becomes a warning. With `problems`, every bad
+    key is kept there (the walk goes on past it, skipping what is under it); without, the
+    first one is raised.
     """
     root = ""
     if isinstance(obj, dict) and isinstance(obj.get("domain"), str):
         root = obj["domain"]
-    _check_keys(file, obj, warnings, root, line_of(obj), in_descriptors=False)
+    report = problems.add if problems is not None else _raise
+    _check_keys(file, obj, warnings, root, line_of(obj), False, report)
+
+
+def _raise(error: ConfigError) -> None:
+    raise error
 
 
 def _check_keys(
@@ -104,6 +113,7 @@ def _check_keys(
     path: str,
     line: int | None,
     in_descriptors: bool,
+    report: Callable[[ConfigError], None],
 ) -> None:
     if isinstance(obj, dict):
         if in_descriptors:
@@ -122,53 +132,80 @@ def _check_keys(
         for k, v in obj.items():
             k_line = line_of(obj, k)
             if not isinstance(k, str):
-                raise ConfigError(
+                report(ConfigError(
                     file, f"config error, key is not of type string: {render(k)}",
                     line=k_line, node=path,
-                )
+                ))
+                continue
             child = f"{path}.{k}" if path else k
             if k not in VALID_KEYS:
-                raise ConfigError(
+                report(ConfigError(
                     file, f"config error, unknown key '{k}'",
                     line=k_line, node=child, hint=did_you_mean(k),
-                )
+                ))
+                continue
             if k in ("metadata", "usage_stats"):
                 # metadata: arbitrary user data, not validated (reference behaviour);
                 # usage_stats: validated by parse_usage_stats.
                 continue
             if k == "descriptors":
-                _check_keys(file, v, warnings, path, k_line, in_descriptors=True)
+                _check_keys(file, v, warnings, path, k_line, True, report)
             else:
-                _check_keys(file, v, warnings, child, k_line, in_descriptors=False)
+                _check_keys(file, v, warnings, child, k_line, False, report)
     elif isinstance(obj, list):
-        for index, item in enumerate(obj):
-            if not isinstance(item, dict):
-                raise ConfigError(
-                    file,
-                    f"config error, yaml file contains list of type other than map: {render(item)}",
-                    line=line, node=path,
-                )
-            item_path = path if in_descriptors else f"{path}[{index}]"
-            _check_keys(file, item, warnings, item_path, line_of(item) or line, in_descriptors)
+        _check_list(file, obj, warnings, path, line, in_descriptors, report)
     elif obj is None or isinstance(obj, (str, bool, int, YamlBool)):
         return
     else:
-        raise ConfigError(
+        report(ConfigError(
             file, "error checking config", line=line, node=path,
             hint=f"{render(obj)} is not a string, integer or boolean",
+        ))
+
+
+def _check_list(
+    file: str,
+    items: list[Any],
+    warnings: list[ConfigWarning] | None,
+    path: str,
+    line: int | None,
+    in_descriptors: bool,
+    report: Callable[[ConfigError], None],
+) -> None:
+    """A list's items must be maps (the reference's rule), each checked like any map."""
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            report(ConfigError(
+                file,
+                f"config error, yaml file contains list of type other than map: {render(item)}",
+                line=line, node=path,
+            ))
+            continue
+        item_path = path if in_descriptors else f"{path}[{index}]"
+        _check_keys(
+            file, item, warnings, item_path, line_of(item) or line, in_descriptors, report
         )
 
 
 class DomainParser:
-    """Builds the node tree of one file into an existing domain root (merging allowed)."""
+    """Builds the node tree of one file into an existing domain root (merging allowed).
+
+    A node's problems go to `problems` and the next node is parsed: every independent problem
+    of a file is reported in one load. What depends on a bad value (a node's limits on its
+    unit, say) is not checked further."""
 
     def __init__(
-        self, file: str, domain: str, warnings: list[ConfigWarning] | None = None
+        self,
+        file: str,
+        domain: str,
+        warnings: list[ConfigWarning] | None = None,
+        problems: Problems | None = None,
     ) -> None:
         self.file = file
         self.domain = domain
         # Things that load but are probably mistakes; errors under --strict.
         self.warnings: list[ConfigWarning] = [] if warnings is None else warnings
+        self.problems = Problems() if problems is None else problems
         self.limits = LimitParser(file, self.warnings)
 
     def fail(self, message: str, field: str | None = None) -> ConfigError:
@@ -176,9 +213,12 @@ class DomainParser:
 
     def add_descriptors(self, nodes: list[Node], items: Any, parent_path: str) -> None:
         """Parse `items` into nodes appended to `nodes` (one level; a merged domain's root
-        gathers several files' nodes before it is frozen into a Level)."""
+        gathers several files' nodes before it is frozen into a Level). A bad node is kept
+        out, its problems in `self.problems`."""
         seen = {(n.key, n.value) for n in nodes}
         for raw in as_list(self.file, items, "descriptors"):
+            if not isinstance(raw, dict):
+                continue  # check_keys reported it (a list item that is not a map)
             try:
                 # Like the reference, a duplicate is reported before the node's own problems.
                 key = as_str(self.file, raw.get("key"), "key")
@@ -188,10 +228,8 @@ class DomainParser:
                     )
                 node = self._node(raw, parent_path)
             except ConfigError as exc:
-                field = exc.field if exc.field in raw else None
-                raise exc.locate(
-                    line_of(raw, field), f"{parent_path}.{node_part(raw)}"
-                ) from None
+                self.problems.add(exc.locate_in(raw, f"{parent_path}.{node_part(raw)}"))
+                continue
             nodes.append(node)
             seen.add((node.key, node.value))
 
@@ -209,28 +247,35 @@ class DomainParser:
             raise self.fail(f"duplicate descriptor composite key '{parent_path}.{composite}'")
 
     def _node(self, raw: dict[str, Any], parent_path: str) -> Node:
+        """One node; its own problems are raised together, after its children were parsed
+        (their problems are independent of the node's: they go to `self.problems`)."""
         key = as_str(self.file, raw.get("key"), "key")
         if not key:
             raise self.fail("descriptor has empty key")
         value = as_str(self.file, raw.get("value"), "value")
         composite = f"{key}_{value}" if value else key
         path = f"{parent_path}.{composite}"
-        share = self._share_threshold(raw, value, composite)
+        found = Problems()
+        share = found.check(False, self._share_threshold, raw, value, composite)
         metadata = raw.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
-            raise self.fail("error parsing metadata: metadata must be a map", field="metadata")
-        detailed = as_bool(self.file, raw.get("detailed_metric"), "detailed_metric")
-        to_metric = as_bool(self.file, raw.get("value_to_metric"), "value_to_metric")
-        shadow = as_bool(self.file, raw.get("shadow_mode"), "shadow_mode")
-        quota = as_bool(self.file, raw.get("quota_mode"), "quota_mode")
-        limits = self.limits.node_limits(raw, path, shadow, quota)
+            found.add(self.fail("error parsing metadata: metadata must be a map", "metadata"))
+        flags = {
+            name: found.check(False, as_bool, self.file, raw.get(name), name)
+            for name in ("detailed_metric", "value_to_metric", "shadow_mode", "quota_mode")
+        }
+        limits: list[Limit] = found.check(
+            [], self.limits.node_limits, raw, path, flags["shadow_mode"], flags["quota_mode"]
+        )
+        children = found.check(None, self._children, raw, path)
+        found.raise_if_any()
         return Node(
             key=key,
             value=value,
             limits=tuple(limits),
-            children=self._children(raw, path),
-            detailed_metric=detailed,
-            value_to_metric=to_metric,
+            children=children,
+            detailed_metric=flags["detailed_metric"],
+            value_to_metric=flags["value_to_metric"],
             share_threshold=share,
             metadata=metadata,
             stats_part=composite,

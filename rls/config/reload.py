@@ -51,9 +51,30 @@ def one_line(text: str, limit: int = MAX_LOG_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def _skipped(config: RateLimitConfig) -> str:
+    """`; not descriptors: …` naming the response-cache rules files a directory held (they
+    are read by --cache-config, not as limits), so a file count that looks short says why."""
+    if not config.cache_files:
+        return ""
+    names = one_line(", ".join(config.cache_files))
+    return (f"; {len(config.cache_files)} response-cache rules file(s) skipped "
+            f"(not descriptors; --cache-config reads them): {names}")
+
+
+MAX_PROBLEMS_SHOWN = 20  # in one log line; `rls check-config` lists them all
+
+
+def problems_line(error: ConfigError) -> str:
+    """Every problem of a load on one line, `P1 | P2 | …` (each located, each cut to
+    MAX_LOG_CHARS), at most MAX_PROBLEMS_SHOWN of them and then how many more."""
+    shown = [one_line(p.located()) for p in error.problems[:MAX_PROBLEMS_SHOWN]]
+    more = len(error.problems) - len(shown)
+    return " | ".join(shown + [f"and {more} more"] * bool(more))
+
+
 def check_config_command(paths: list[str], merge_domains: bool, strict: bool) -> str:
     """The `rls check-config` line that lists every problem of a config that would not start
-    (a start-up error names only the first)."""
+    (to run again once they are fixed)."""
     flags = ["--merge-domains"] * merge_domains + ["--strict"] * strict
     return shlex.join(["rls", "check-config", *flags, *paths])
 
@@ -154,7 +175,7 @@ class ConfigHolder:
             for warning in config.warnings:
                 log.warning("%s", warning)
             if self.strict and config.warnings:
-                raise config.warnings[0].as_error()
+                raise ConfigError.of([warning.as_error() for warning in config.warnings])
             if not config.domains and not self.allow_empty:
                 raise ConfigError(
                     ", ".join(self.paths) or "(no --config)",
@@ -202,7 +223,7 @@ class ConfigHolder:
                log_error: bool = True) -> bool:
         self._fingerprint = fp
         if isinstance(result, ConfigError):
-            self.last_error = one_line(result.detail())  # with its location
+            self.last_error = problems_line(result)  # each with its location
             self.metrics.config_loads.labels("error").inc()
             self.metrics.config_error.labels(result.file).set(1)
             self._error_files.add(result.file)
@@ -219,9 +240,10 @@ class ConfigHolder:
         self.metrics.config_loads.labels("success").inc()
         self.metrics.prepare_domains(config.domains)
         log.info(
-            "config loaded: %d file(s), domains: %s",
+            "config loaded: %d descriptor file(s), domains: %s%s",
             len(config.files),
             one_line(", ".join(sorted(config.domains)) or "(none)"),
+            _skipped(config),
         )
         if self.on_change is not None:
             self.on_change(config)

@@ -230,8 +230,13 @@ def parse_yaml(file: str, text: str, budget: YamlBudget = DEFAULT_BUDGET) -> Any
             file, f"error loading config file: yaml: line {exc.line}: {exc.message}"
         ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(file, f"error loading config file: {_yaml_error(exc)}",
-                          hint=_quoting_hint(exc, text)) from None
+        mark = getattr(exc, "problem_mark", None)
+        raise ConfigError(
+            file, f"error loading config file: {_yaml_error(exc)}",
+            line=None if mark is None else mark.line + 1,
+            column=None if mark is None else mark.column + 1,
+            hint=_quoting_hint(exc, text) or _syntax_hint(exc),
+        ) from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
         # PyYAML's constructors raise plain errors for bad tagged scalars (`!!int x`).
         raise ConfigError(file, f"error loading config file: yaml: bad scalar: {exc}") from None
@@ -249,6 +254,33 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
     if mark is not None:
         return f"yaml: line {mark.line + 1}: {problem}"
     return f"yaml: {problem}"
+
+
+# What the parser's words usually mean in a hand-written config (most YAML errors there are
+# indentation): the parser's text is kept (the reference prints it), the hint says what to fix.
+_INDENTATION = (
+    "check this line's indentation against the lines above it: keys of one mapping start "
+    "in the same column, and a key's fields are indented under it"
+)
+_SYNTAX_HINTS = (
+    ("mapping values are not allowed here",
+     "a `key:` YAML did not expect here: usually this line is indented deeper than the "
+     "keys beside it, or a value holds ': ' (quote the value)"),
+    ("expected <block end>", _INDENTATION),
+    ("could not find expected ':'", _INDENTATION),
+    ("did not find expected key", _INDENTATION),
+    ("did not find expected '-' indicator", _INDENTATION),
+    ("found character '\\t'", "YAML indents with spaces only: replace the tab"),
+)
+
+
+def _syntax_hint(exc: yaml.YAMLError) -> str | None:
+    """What to fix for the usual YAML syntax errors (indentation, tabs); None otherwise."""
+    problem = str(getattr(exc, "problem", None) or "")
+    for words, hint in _SYNTAX_HINTS:
+        if words in problem:
+            return hint
+    return None
 
 
 # Characters that start YAML syntax when they begin a plain (unquoted) value.

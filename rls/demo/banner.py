@@ -82,7 +82,10 @@ Try:
   # {QUOTA_LIMIT} per minute per x-client-id, then 429 (x-ratelimit-quota: denied)
   for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' \\
       -H 'x-client-id: alice' {gw}/items; done; echo
-  # the counter is the one ShouldRateLimit uses (usage arrives with the next report)
+  # the limit's counter (the one ShouldRateLimit uses): its `used` is what Envoy was
+  # granted, charged when rls hands it out (unused tokens come back at the next report,
+  # every 5 s), not the requests sent: it runs ahead of them, up to the whole {QUOTA_LIMIT}
+  # for a client granted its full room at a window's start without sending anything
   curl -s -X POST -H 'content-type: application/json' {demo.admin_url}/counters \\
       -d '{counters}'
   curl -s {demo.admin_url}/metrics | grep '^rls_quota'

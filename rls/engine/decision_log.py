@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import os
 import queue
 import time
 import zlib
@@ -33,6 +34,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rls.engine.decision import DescriptorIn
+
+log = logging.getLogger("rls.decision_log")
 
 QUEUE_MAX = 10_000  # lines waiting for the writer thread
 
@@ -88,6 +91,9 @@ class DecisionLog:
         self._handler = _BoundedQueueHandler(self._queue)
         self._listener = logging.handlers.QueueListener(self._queue, file_handler)
         self._listener.start()
+        # Said once at start: where the lines go (a relative path is the process's cwd).
+        log.info("decision log: writing to %s (%g%% of callers; rotates at %d bytes, one "
+                 "backup kept)", os.path.abspath(path), min(sample, 1.0) * 100, max_bytes)
 
     @property
     def dropped(self) -> int:

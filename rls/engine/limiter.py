@@ -117,6 +117,8 @@ class RateLimiter:
         if dom is None:
             self._unknown_domains.report(domain, len(descriptors), config.domains)
             self.metrics.count_request("_unknown", "OK")
+            if self.decisions is not None:  # a decision too: a config adding it replays it
+                self.decisions.record(domain, descriptors, request_hits, "OK", now_ms)
             return Decision(OK, statuses)
 
         settings = self.settings

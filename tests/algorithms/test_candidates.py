@@ -217,7 +217,12 @@ def test_rls_top_prints_who_candidates_would_limit_in_a_table_of_their_own() -> 
     }
     text = render(payload, argparse.Namespace(admin="http://x"))
     assert "WOULD BE LIMITED BY CANDIDATE LIMITS" in text
-    assert "cand.user ~ halve  user=bob" in text
+    table = text.split("WOULD BE LIMITED BY CANDIDATE LIMITS (not enforced)\n", 1)[1]
+    assert table.splitlines()[1:] == [
+        "cand.user ~ halve",
+        f"{'cand':<20} {7:>10} {1:>10} {0:>8}  user=bob",
+    ]
+    assert max(map(len, text.splitlines())) <= 80  # an 80-column terminal shows it whole
     assert "WOULD BE" not in render({**payload, "candidates": {}},
                                     argparse.Namespace(admin="http://x"))
 

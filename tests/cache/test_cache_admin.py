@@ -74,7 +74,8 @@ async def test_purge_requires_the_token_when_set(admin: tuple[str, ResponseCache
     assert (await asyncio.to_thread(call, "POST", target, "s3cret"))[0] == 200
     assert (await asyncio.to_thread(call, "GET", url + "/cache/stats"))[0] == 200  # read-only
 
-    assert await asyncio.to_thread(purge, url, "translate", None) == 1
+    # (no --token: the client sends RLS_ADMIN_TOKEN, which this process has set)
+    assert await asyncio.to_thread(purge, url, "translate", "wrong") == 1
     assert await asyncio.to_thread(purge, url, "translate", "s3cret") == 0
     assert await asyncio.to_thread(purge, url, "nope", "s3cret") == 1
 

@@ -95,6 +95,24 @@ def test_http_add_needs_token_and_json_and_answers_freq_ttl(server):
     assert "u2" in [c["original"] for c in listed]  # md5 keys keep the original
 
 
+def test_every_http_refusal_has_the_counters_shape(server):
+    """docs/counters.md: every refusal on /v1/counters/* is {"code": "invalid", "message": …},
+    the admin listener's own refusals (401 token, 415 content type, 413 size) included."""
+    base = server.http_url
+    item = {"appid": "ads", "key": "u3", "time_unit": "day"}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    refusals = [
+        http(base, "/v1/counters/add", item),
+        http(base, "/v1/counters/add", item, auth, content_type="text/plain"),
+        http(base, "/v1/counters/get", item, content_type="text/plain"),
+        http(base, "/v1/counters/add", b"{" + b" " * (2 << 20) + b"}", auth),
+        http(base, "/v1/counters/get", b"{not json"),
+    ]
+    assert [status for status, _ in refusals] == [401, 415, 415, 413, 400]
+    for _, body in refusals:
+        assert set(body) == {"code", "message"} and body["code"] == "invalid", body
+
+
 def test_store_down_add_is_an_error_get_is_stale(rls_factory, tmp_path):
     own = start_redis()
     cfg = tmp_path / "d.yaml"

@@ -89,8 +89,10 @@ def test_a_value_read_as_yaml_syntax_gets_a_hint_to_quote_it(
     assert done.returncode == 1
     assert done.stderr.startswith(f"{cfg}: error loading config file: yaml: line 4: ")
     assert done.stderr.strip().endswith(
-        f"({value[0]!r} at the start of a value {meaning} in YAML; quote the value: {quoted})"
+        f"; {value[0]!r} at the start of a value {meaning} in YAML; quote the value: "
+        f"{quoted})"
     ), done.stderr
+    assert f"(at {cfg}:4:" in done.stderr  # line and column
 
 
 def test_configuration_md_shows_the_quoting_and_the_hint_it_quotes(tmp_path: Path) -> None:
@@ -101,7 +103,7 @@ def test_configuration_md_shows_the_quoting_and_the_hint_it_quotes(tmp_path: Pat
     assert rls("check-config", str(good)).returncode == 0
     done = rls("check-config", str(bad))
     assert done.returncode == 1
-    message = done.stderr.strip().removeprefix(f"{bad}: ")
+    message = done.stderr.strip().removeprefix(f"{bad}: ").replace(f"{bad}:", "unquoted.yaml:")
     doc = " ".join((ROOT / "docs" / "configuration.md").read_text().split())
     assert f"`{message}`" in doc, message
 
@@ -129,7 +131,8 @@ def test_a_config_error_at_start_up_is_one_line_with_where_and_what_to_run(
     assert len(errors) == 1, errors
     assert errors[0].endswith(
         f"cannot start: the config does not load: {cfg}: invalid rate limit unit 'minte' "
-        f"(at {cfg}:4, node d.k.rate_limit) (every problem: rls check-config --strict {cfg})"
+        f"(at {cfg}:4, node d.k.rate_limit; did you mean 'minute'? valid units: second, "
+        f"minute, hour, day, week, month, year) (every problem: rls check-config --strict {cfg})"
     ), errors[0]
     assert "--allow-empty-config" not in done.stdout + done.stderr
 

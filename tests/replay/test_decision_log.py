@@ -82,6 +82,21 @@ async def test_sampling_keeps_or_drops_a_caller_whole(tmp_path: Path) -> None:
     assert 8 < len(counts) < 32  # about half of the callers
 
 
+async def test_a_call_to_an_unknown_domain_is_a_line_too(tmp_path: Path) -> None:
+    """docs/changing-limits.md: one line per decision, a domain no file defines included (its
+    traffic is what a config adding the domain must be replayed against)."""
+    engine = limiter(tmp_path)
+    calls = [("app", "alice"), ("nowhere", "bob"), ("app", "carol")]
+    for i, (domain, who) in enumerate(calls):
+        await engine.should_rate_limit(domain, [DescriptorIn((("user", who),))], now_ms=T0 + i)
+    assert engine.decisions is not None
+    engine.decisions.close()
+    lines = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    assert [(line["domain"], line["code"]) for line in lines] == [
+        ("app", "OK"), ("nowhere", "OK"), ("app", "OK")
+    ]
+
+
 def test_a_sample_outside_0_to_1_is_refused() -> None:
     with pytest.raises(SettingError, match="between 0 and 1"):
         Settings(decision_log_sample=1.5).validate()
