@@ -7,7 +7,9 @@ import asyncio
 from rls.config.model import Limit, Unit
 from rls.core.model import Check
 from rls.engine.checks import match_targets
-from rls.quota.share import Dealer, Ledger, paced
+from rls.quota.ledger import Ledger
+from rls.quota.pacing import paced
+from rls.quota.share import Dealer
 from rls.stores.memory import MemoryBackend
 
 T0 = 1_800_000.0  # seconds; a multiple of 60, so 5 s and minute windows start here
