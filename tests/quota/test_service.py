@@ -133,6 +133,14 @@ def test_dead_store_follows_the_failure_mode_with_short_assignments() -> None:
         assert svc.metrics.errors.labels("backend")._value.get() == 1
 
 
+def test_with_limiting_switched_off_a_dead_store_allows_as_for_should_rate_limit() -> None:
+    """One failure rule (rls.engine.rules.fails_open) for both services."""
+    svc = service(DeadStore(sweep_interval=0), failure_mode="deny")
+    svc.context.settings.limiting_off = True
+    (action,) = answer(QuotaStream(svc.context), report(({"client": "a"}, 1, 0)))
+    assert action.quota_assignment_action.rate_limit_strategy.blanket_rule == ALLOW_ALL
+
+
 def test_every_bucket_of_a_report_is_answered_in_one_response() -> None:
     actions = answer(QuotaStream(service().context), report(
         ({"client": "a"}, 0, 0), ({"client": "b"}, 0, 0), ({"free": "x"}, 0, 0)
