@@ -24,6 +24,7 @@ class Ledger:
     mine: int = 0  # net hits this ledger put into the counter's current window
     shared_until_ms: int = 0  # others used the counter recently (see `observe`)
     demand: int = 0  # tokens the bucket's last report projected over one horizon (0: unknown)
+    demand_known: bool = False  # `demand` came from a report (not assumed for a new bucket)
 
     @property
     def shared(self) -> bool:

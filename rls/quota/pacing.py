@@ -39,6 +39,22 @@ def paced(room: int, reset_ms: int) -> int:
     return max(1, math.ceil(room * horizon_ms / reset_ms))
 
 
+def dealable(pool: int, reset_ms: int, demand: int | None) -> int:
+    """What the streams of one counter may be dealt over the next horizon: the pool paced over
+    the rest of the window, or all of it when their demand is all known (`demand`: what they
+    asked for over one horizon, summed; None when a stream's demand, or another user of the
+    counter, is unknown) and at least the pool.
+
+    Demand that would use the whole pool within one horizon leaves pacing nothing to spread:
+    it could only hold part of the limit back from a burst that ends early in the window.
+    What pacing buys stays: no stream takes a window first while another's demand is unknown,
+    and the equal window totals of `fair_cap` give each stream its part of a known demand.
+    """
+    if demand is not None and demand >= pool:
+        return max(0, pool)
+    return paced(pool, reset_ms)
+
+
 def demand_target(requests: int, elapsed_s: float) -> int:
     """Tokens covering `requests` seen over `elapsed_s`, projected over one horizon."""
     if elapsed_s <= 0:
@@ -54,30 +70,39 @@ def fair_cap(
     reset_ms: int,
     want: int | None,
     now: int,
+    used: int,
 ) -> int | None:
     """The most `ledger` may be granted when other streams of this process deal from the
-    same counter (: this process's ledgers of that counter by id; None when it is
+    same counter (`peers`: this process's ledgers of that counter by id; None when it is
     alone): equal window totals by water-filling.
 
-    What the local streams may hold over the next horizon is the paced pool (the room plus
-    their unused reservations, see `paced`). It is shared so that every stream ends at the
-    same window total T (used so far + grant), a stream wanting less than that (its last
-    report's demand) leaving the rest to the others.
+    What the local streams may hold over the next horizon is the pool (the room plus their
+    unused reservations), paced unless their demand is all known and exceeds it (`dealable`;
+    `used`: the counter's count in this window, to tell whether anyone else uses it). It is
+    shared so that every stream ends at the same window total T (used so far + grant), a
+    stream wanting less than that (its last report's demand) leaving the rest to the others.
     """
     if peers is None or len(peers) < 2 or id(ledger) not in peers:
         return None
     pool = room
     parts: list[tuple[int, int | None]] = []  # (used in this window, wanted or None)
+    charged = ledger.mine  # what the peers put into the counter's current window
+    known: int | None = want  # their demand summed, None once one is unknown
     for peer in peers.values():
         if peer is ledger:
             parts.append((max(0, ledger.mine - base), want))
             pool += base
-        elif peer.end_ms > now:
+            continue
+        if peer.end_ms > now:
             pool += peer.reserved
+            charged += peer.mine
             parts.append((max(0, peer.mine - peer.reserved), peer.demand or None))
         else:  # its window ended: it holds nothing of this one yet
             parts.append((0, peer.demand or None))
-    share = paced(pool, reset_ms)
+        known = known + peer.demand if known is not None and peer.demand_known else None
+    if used > charged:  # someone else uses the counter too: their demand is unknown here
+        known = None
+    share = dealable(pool, reset_ms, known)
 
     def dealt(total: int) -> int:
         return sum(

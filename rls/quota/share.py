@@ -316,18 +316,22 @@ class Dealer:
             for i in active
         }
         # Equal shares among this process's streams on one counter (the pool is paced there,
-        # so the room itself is not paced again).
+        # unless their demand is all known and above it, so the room is not paced again).
         caps = [MAX_TOKENS]
         for i in active:
             peers = self._peers.get(ledgers[i].key)
-            cap = fair_cap(peers, ledgers[i], base[i], rooms[i], outcomes[i].reset_ms, target, now)
+            out = outcomes[i]
+            cap = fair_cap(
+                peers, ledgers[i], base[i], rooms[i], out.reset_ms, target, now, out.used
+            )
             if cap is not None:
                 caps.append(cap)
                 pace[i] = rooms[i]
+        known = target is not None
         if target is None:  # demand unknown: as much as the pace allows (on top of what is held)
             target = min(base[i] + pace[i] for i in active)
         for i in active:
-            ledgers[i].demand = target
+            ledgers[i].demand, ledgers[i].demand_known = target, known
         # Never less than a quarter of the pace, whatever the last report's demand: a bucket
         # idle for a while and then busy must not be held to a token or two until its next
         # report when the limit has plenty of room (it costs nothing when room is scarce).
