@@ -66,7 +66,8 @@ def stream(store: Backend, candidates: int, domain: str) -> QuotaStream:
         pass
     kwargs = {"candidates": reporter} if reporter is not None else {}
     service = QuotaService(lambda: loaded, store, Settings(), CollectorRegistry(), **kwargs)
-    return QuotaStream(service.context)
+    # Streams take the service's context; before rls/quota/context.py, the service itself.
+    return QuotaStream(getattr(service, "context", service))
 
 
 async def cpu_per_bucket(session: QuotaStream, message: object, buckets: int) -> float:
