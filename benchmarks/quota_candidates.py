@@ -66,7 +66,8 @@ def stream(store: Backend, candidates: int, domain: str) -> QuotaStream:
         pass
     kwargs = {"candidates": reporter} if reporter is not None else {}
     service = QuotaService(lambda: loaded, store, Settings(), CollectorRegistry(), **kwargs)
-    return QuotaStream(service)
+    # Streams take the service's context; before rls/quota/context.py, the service itself.
+    return QuotaStream(getattr(service, "context", service))
 
 
 async def cpu_per_bucket(session: QuotaStream, message: object, buckets: int) -> float:
@@ -78,7 +79,7 @@ async def cpu_per_bucket(session: QuotaStream, message: object, buckets: int) ->
 
 def failure_answers(session: QuotaStream) -> int:
     """Buckets answered with the failure mode (the store failed or was too slow)."""
-    return int(session.service.metrics.errors.labels("backend")._value.get())
+    return int(session.metrics.errors.labels("backend")._value.get())
 
 
 async def measure(store: Backend, buckets: int, rounds: int) -> dict[int, tuple[float, int]]:

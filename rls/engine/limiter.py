@@ -32,6 +32,7 @@ from rls.engine.decision import (
 from rls.engine.decision_log import DecisionLog
 from rls.engine.fallback import FallbackLimiter
 from rls.engine.over_limit_cache import OverLimitCache
+from rls.engine.rules import COUNTED, UNLIMITED, domain_shadowed, fails_open, limit_role
 from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.engine.unknown_domains import UnknownDomains
 from rls.logging_setup import LogGate
@@ -169,9 +170,7 @@ class RateLimiter:
             if over_cache is not None and overall == OVER_LIMIT and from_backend:
                 over_cache.remember(checks, outcomes)  # never a fallback (local-share) verdict
         self._record_top(domain, descriptors, statuses, request_hits)
-        if overall == OVER_LIMIT and (
-            settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains
-        ):
+        if overall == OVER_LIMIT and domain_shadowed(settings, domain):
             if not settings.limiting_off:
                 self.metrics.global_shadow.inc()
             overall = OK
@@ -193,10 +192,8 @@ class RateLimiter:
         statuses: list[Status],
         memo: BoundedCache,
     ) -> list[Check]:
-        """Match every descriptor and turn each applicable limit into a Check.
-
-        Unlimited limits are answered here (remaining 2^32-1); replaced ones are dropped.
-        """
+        """Match every descriptor and turn each limit that applies (rls.engine.rules) into a
+        Check; unlimited ones are answered here (remaining 2^32-1)."""
         settings = self.settings
         default_hits = request_hits if request_hits > 0 else 1
         matched: list[tuple[int, Limit, str, str | None, int, bool]] = []
@@ -220,10 +217,10 @@ class RateLimiter:
 
         checks: list[Check] = []
         for i, limit, key, dyn, hits, negative in matched:
-            if limit.name and limit.name in replaced:
-                continue
-            if limit.unlimited:
-                statuses[i].remaining = UNLIMITED_REMAINING
+            role = limit_role(limit, replaced)
+            if role != COUNTED:
+                if role == UNLIMITED:
+                    statuses[i].remaining = UNLIMITED_REMAINING
                 continue
             flags = 0
             if limit.shadow_mode:
@@ -295,9 +292,7 @@ class RateLimiter:
         """The store could not decide: the domain's failure mode answers, and says so.
 
         In deny mode every limited descriptor shows OVER_LIMIT (not a misleading OK)."""
-        settings = self.settings
-        mode = dom.failure_mode or settings.failure_mode
-        allow = mode == "allow" or settings.limiting_off
+        allow = fails_open(self.settings, dom)
         self.metrics.count_failure_answer(domain, reason, "allow" if allow else "deny")
         overall = OK if allow else OVER_LIMIT
         if not allow:

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, fields
 
 MIB = 1 << 20
+SLICE_BUCKETS = 32  # buckets dealt or given back at once (one pipelined Redis round trip)
 
 
 @dataclass(frozen=True, slots=True)

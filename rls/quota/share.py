@@ -20,12 +20,8 @@ report (otherwise a spent bucket would stay denied up to 5 s into the new window
 from the old window stay charged to the old window; the next report attributes the usage it
 carries to the old and new grant in proportion to time.
 
-Equal shares: the ledgers of one counter held by this process (one per stream and bucket)
-register with the dealer (`join` / `leave`); what they may hold over the next horizon is split
-so that each ends the window at the same total, used + grant (water-filling: a stream that
-wants less leaves the rest to the others; see `Dealer._fair_cap`), so two streams with equal
-demand get equal halves whichever reports first after a reset. Streams on other rls processes
-are not known here: pacing alone spreads the window among them.
+How much G may be (pacing, equal shares among this process's streams): rls.quota.pacing. The
+ledgers of one counter held by this process register with the dealer (`join` / `leave`).
 
 Stream ends: a reservation whose stream ended is released (`release`), and the usage a bucket
 reports on its next stream is charged like any other (no `resumed` exception): the tokens
@@ -48,70 +44,20 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from rls.config.model import Limit
 from rls.core.limits import WINDOW_ROLLING
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check, Outcome, candidate_flags
 from rls.engine.calendar import CalendarCache
 from rls.engine.candidates import batch_verdict
+from rls.quota.ledger import Grant, Ledger
+from rls.quota.pacing import IDLE_SHARE_DIVISOR, fair_cap, paced
 from rls.stores.base import Backend, BackendError
 
 SUPPORTED_ALGORITHMS = frozenset({"fixed_window"})
-REPORT_CADENCE_S = 5.0  # Envoy 1.40 reports every 5 s whatever reporting_interval says
-# A grant covers this much of the bucket's recent demand: the 5 s until the next report plus
-# slack for demand growing between reports.
-HORIZON_S = 7.5
 WINDOW_TOLERANCE_MS = 500  # a reported reset later than this past the known end = new window
 GRANT_RETRIES = 3
-IDLE_SHARE_DIVISOR = 4
 MAX_TOKENS = 2**32 - 1  # TokenBucket.max_tokens is a uint32
-
-
-@dataclass(slots=True)
-class Ledger:
-    """One limit of one bucket on one stream: what this stream holds in that limit's counter."""
-
-    limit: Limit
-    key: str
-    stats_key: str | None = None
-    reserved: int = 0  # charged to the counter, not yet reported as used
-    end_ms: int = 0  # local-clock end of the window `reserved` was charged in (0: unknown)
-    old_left: int = 0  # reservation left in the previous window at the last window push
-    pushed_at_ms: int = 0  # when that push happened
-    mine: int = 0  # net hits this ledger put into the counter's current window
-    shared_until_ms: int = 0  # others used the counter recently (see `observe`)
-    demand: int = 0  # tokens the bucket's last report projected over one horizon (0: unknown)
-
-    @property
-    def shared(self) -> bool:
-        return self.shared_until_ms > 0
-
-    def observe(self, used: int, now_ms: int) -> None:
-        """Note whether the counter holds more than this ledger put in: others use it too.
-
-        Remembered for two windows (at least 15 s), so right after a reset, when the new
-        window is still empty, a counter known to be shared is still dealt as shared.
-        """
-        if used > self.mine:
-            self.shared_until_ms = now_ms + max(2 * self.limit.window_ms, 15_000)
-        elif now_ms >= self.shared_until_ms:
-            self.shared_until_ms = 0
-
-    @property
-    def shadow(self) -> bool:
-        return self.limit.shadow_mode
-
-
-@dataclass(slots=True)
-class Grant:
-    """The outcome of a deal: `tokens` > 0 → token bucket, 0 → denied for `reset_ms`."""
-
-    tokens: int
-    reset_ms: int  # time until the tightest limit's window resets
-    remaining: dict[str, int] = field(default_factory=dict)
-    # The candidate limits' checks of the report and their outcomes (`Dealer.report`).
-    candidates: Sequence[tuple[Check, Outcome]] = ()
 
 
 def undealable(limit: Limit) -> str | None:
@@ -123,28 +69,6 @@ def undealable(limit: Limit) -> str | None:
     if limit.rolling:
         return f"window {WINDOW_ROLLING}: reservations would start its windows, not requests"
     return None
-
-
-def paced(room: int, reset_ms: int) -> int:
-    """The part of a shared counter's room one stream may take now: the room spread evenly
-    over what is left of the window, one horizon's worth (all of it in the last horizon).
-
-    So the first stream to report after a reset cannot take the whole window, admissions are
-    spread over the window, and streams with demand above their pace get equal shares.
-    """
-    if room <= 0:
-        return 0
-    horizon_ms = HORIZON_S * 1000
-    if reset_ms <= horizon_ms:
-        return room
-    return max(1, math.ceil(room * horizon_ms / reset_ms))
-
-
-def demand_target(requests: int, elapsed_s: float) -> int:
-    """Tokens covering `requests` seen over `elapsed_s`, projected over one horizon."""
-    if elapsed_s <= 0:
-        return max(1, requests)
-    return max(1, math.ceil(requests / elapsed_s * HORIZON_S))
 
 
 class Dealer:
@@ -354,7 +278,8 @@ class Dealer:
         now: int,
         on_top: bool,
     ) -> Grant:
-        """Move every enforcing ledger to the grant G (or add G with `on_top`).
+        """Move every enforcing ledger to the grant G (or add G with `on_top`): size it, reserve
+        it on the counters, say until when it holds.
 
         A counter only this ledger uses gives its whole room (a lone client may burst as with
         ShouldRateLimit); a shared one is paced (see `paced`).
@@ -362,34 +287,74 @@ class Dealer:
         active = [i for i, ledger in enumerate(ledgers) if not ledger.shadow]
         if not active:
             return Grant(MAX_TOKENS, 0)
+        # What each ledger holds that counts toward G (its reservation; nothing with `on_top`).
         base = {i: 0 if on_top else ledgers[i].reserved for i in active}
+        grant = self._size(ledgers, outcomes, rooms, base, active, target, now)
+        grant, outcomes = await self._reserve(ledgers, outcomes, base, active, grant, now, on_top)
+        reset = max(
+            (outcomes[i].reset_ms for i in active if base[i] + rooms[i] <= grant),
+            default=min(outcomes[i].reset_ms for i in active),
+        )
+        remaining = {ledgers[i].key: outcomes[i].remaining for i in active}
+        return Grant(grant, reset, remaining)
+
+    def _size(
+        self,
+        ledgers: Sequence[Ledger],
+        outcomes: list[Outcome],
+        rooms: list[int],
+        base: dict[int, int],
+        active: list[int],
+        target: int | None,
+        now: int,
+    ) -> int:
+        """G: the bucket's demand (`target`; None: unknown, as much as the pace allows), at
+        least a quarter of the pace, at most what each counter may deal now (its room, paced
+        when shared) and this process's equal share of it."""
         pace = {
             i: paced(rooms[i], outcomes[i].reset_ms) if ledgers[i].shared else rooms[i]
             for i in active
         }
         # Equal shares among this process's streams on one counter (the pool is paced there,
-        # so the room itself is not paced again).
+        # unless their demand is all known and above it, so the room is not paced again).
         caps = [MAX_TOKENS]
         for i in active:
-            cap = self._fair_cap(
-                ledgers[i], base[i], rooms[i], outcomes[i].reset_ms, target, now
+            peers = self._peers.get(ledgers[i].key)
+            out = outcomes[i]
+            cap = fair_cap(
+                peers, ledgers[i], base[i], rooms[i], out.reset_ms, target, now, out.used
             )
             if cap is not None:
                 caps.append(cap)
                 pace[i] = rooms[i]
+        known = target is not None
         if target is None:  # demand unknown: as much as the pace allows (on top of what is held)
             target = min(base[i] + pace[i] for i in active)
         for i in active:
-            ledgers[i].demand = target
+            ledgers[i].demand, ledgers[i].demand_known = target, known
         # Never less than a quarter of the pace, whatever the last report's demand: a bucket
         # idle for a while and then busy must not be held to a token or two until its next
         # report when the limit has plenty of room (it costs nothing when room is scarce).
         floor = min(math.ceil(pace[i] / IDLE_SHARE_DIVISOR) for i in active)
-        grant = min([max(target, floor), *caps] + [base[i] + pace[i] for i in active])
-        grant = max(grant, 0)
+        return max(0, min([max(target, floor), *caps] + [base[i] + pace[i] for i in active]))
+
+    async def _reserve(
+        self,
+        ledgers: Sequence[Ledger],
+        outcomes: list[Outcome],
+        base: dict[int, int],
+        active: list[int],
+        grant: int,
+        now: int,
+        on_top: bool,
+    ) -> tuple[int, list[Outcome]]:
+        """Charge (or release) each ledger's way to `grant` in one all-or-nothing store call;
+        when another process took part of the room meanwhile, shrink the grant to what is left
+        and try again. The grant reserved and the outcomes of the moves (0 after
+        GRANT_RETRIES lost races: then, unless `on_top`, everything held is given back)."""
         for _ in range(GRANT_RETRIES):
-            checks: list[Check] = []
             which: list[int] = []
+            checks: list[Check] = []
             for i in active:
                 delta = grant - base[i] if not on_top else grant
                 if delta:
@@ -397,7 +362,7 @@ class Dealer:
                     checks.append(self._check(ledgers[i], abs(delta), flags, now))
                     which.append(i)
             if not checks:
-                break
+                return grant, outcomes
             admitted, outs = await self._call(checks)
             if admitted:
                 for i, check in zip(which, checks, strict=True):
@@ -408,78 +373,44 @@ class Dealer:
                 outcomes = list(outcomes)
                 for i, out in zip(which, outs, strict=True):
                     outcomes[i] = out
-                break
-            # Another process took part of the room meanwhile: releases went through,
-            # charges did not. Shrink the grant to what the charges could still get.
-            short: list[int] = []
-            for i, check in zip(which, checks, strict=True):
-                if check.flags & NEGATIVE:
-                    ledgers[i].mine = max(0, ledgers[i].mine - check.hits)
-                    ledgers[i].reserved = grant
-                    base[i] = grant
-                else:
-                    short.append(i)
-            _, peeks = await self._call([self._check(ledgers[i], 0, 0, now) for i in short])
-            smaller = min(base[i] + out.remaining for i, out in zip(short, peeks, strict=True))
-            grant = max(0, min(smaller, grant - 1))
-        else:
-            grant = 0
-            if not on_top:  # give back everything still held past a failed race
-                releases = [
-                    self._check(ledgers[i], ledgers[i].reserved, NEGATIVE, now)
-                    for i in active
-                    if ledgers[i].reserved
-                ]
-                if releases:
-                    await self._call(releases)
-                for i in active:
-                    ledgers[i].mine = max(0, ledgers[i].mine - ledgers[i].reserved)
-                    ledgers[i].reserved = 0
-        reset = max(
-            (outcomes[i].reset_ms for i in active if base[i] + rooms[i] <= grant),
-            default=min(outcomes[i].reset_ms for i in active),
-        )
-        remaining = {ledgers[i].key: outcomes[i].remaining for i in active}
-        return Grant(grant, reset, remaining)
+                return grant, outcomes
+            grant = await self._shrink(ledgers, base, which, checks, grant, now)
+        if not on_top:
+            await self._give_back_held(ledgers, active, now)
+        return 0, outcomes
 
-    def _fair_cap(
-        self, ledger: Ledger, base: int, room: int, reset_ms: int, want: int | None, now: int
-    ) -> int | None:
-        """The most `ledger` may be granted when other streams of this process deal from the
-        same counter (None when it is alone): equal window totals by water-filling.
-
-        What the local streams may hold over the next horizon is the paced pool (the room plus
-        their unused reservations, see `paced`). It is shared so that every stream ends at the
-        same window total T (used so far + grant), a stream wanting less than that (its last
-        report's demand) leaving the rest to the others.
-        """
-        peers = self._peers.get(ledger.key)
-        if peers is None or len(peers) < 2 or id(ledger) not in peers:
-            return None
-        pool = room
-        parts: list[tuple[int, int | None]] = []  # (used in this window, wanted or None)
-        for peer in peers.values():
-            if peer is ledger:
-                parts.append((max(0, ledger.mine - base), want))
-                pool += base
-            elif peer.end_ms > now:
-                pool += peer.reserved
-                parts.append((max(0, peer.mine - peer.reserved), peer.demand or None))
-            else:  # its window ended: it holds nothing of this one yet
-                parts.append((0, peer.demand or None))
-        share = paced(pool, reset_ms)
-
-        def dealt(total: int) -> int:
-            return sum(
-                min(max(0, total - used), share if wanted is None else wanted)
-                for used, wanted in parts
-            )
-
-        low, high = 0, max(used for used, _ in parts) + share
-        while low < high:  # the smallest window total that deals the whole share
-            mid = (low + high) // 2
-            if dealt(mid) >= share:
-                high = mid
+    async def _shrink(
+        self,
+        ledgers: Sequence[Ledger],
+        base: dict[int, int],
+        which: list[int],
+        checks: list[Check],
+        grant: int,
+        now: int,
+    ) -> int:
+        """A lost race: the releases went through, the charges did not. The grant the charges
+        could still get (smaller than `grant`)."""
+        short: list[int] = []
+        for i, check in zip(which, checks, strict=True):
+            if check.flags & NEGATIVE:
+                ledgers[i].mine = max(0, ledgers[i].mine - check.hits)
+                ledgers[i].reserved = grant
+                base[i] = grant
             else:
-                low = mid + 1
-        return max(0, low - max(0, ledger.mine - base))
+                short.append(i)
+        _, peeks = await self._call([self._check(ledgers[i], 0, 0, now) for i in short])
+        smaller = min(base[i] + out.remaining for i, out in zip(short, peeks, strict=True))
+        return max(0, min(smaller, grant - 1))
+
+    async def _give_back_held(self, ledgers: Sequence[Ledger], active: list[int], now: int) -> None:
+        """Give back everything still held past a failed race."""
+        releases = [
+            self._check(ledgers[i], ledgers[i].reserved, NEGATIVE, now)
+            for i in active
+            if ledgers[i].reserved
+        ]
+        if releases:
+            await self._call(releases)
+        for i in active:
+            ledgers[i].mine = max(0, ledgers[i].mine - ledgers[i].reserved)
+            ledgers[i].reserved = 0

@@ -23,6 +23,7 @@ from rls.core.algorithms.base import GRACE_MS
 from rls.engine.checks import match_targets
 from rls.engine.decision import OVER_LIMIT
 from rls.engine.limiter import RateLimiter
+from rls.engine.rules import COUNTED, limit_role
 from rls.replay.candidates import CandidateMetrics, CandidateTally, CandidateTop
 from rls.replay.reader import Shape
 from rls.settings import Settings
@@ -138,7 +139,7 @@ class FastEngine:
         checks = []
         cells = self.cells
         for i, limit, key, hits in matched:
-            if limit.unlimited or (limit.name and limit.name in replaced):
+            if limit_role(limit, replaced) != COUNTED:
                 continue
             j = index.get(key)
             if j is None:

@@ -237,7 +237,7 @@ def turns() -> None:
     async def run() -> None:
         svc = QuotaService(lambda: config, MemoryBackend(sweep_interval=0), Settings(),
                            CollectorRegistry())
-        stream = QuotaStream(svc)
+        stream = QuotaStream(svc.context)
         freeze_startup_objects()
         worst = [0.0, 0.0]
         done = False

@@ -175,5 +175,5 @@ async def test_a_report_of_2_to_the_64_requests_is_capped_and_the_bucket_keeps_b
         (deny, *_) = actions
         assert deny.quota_assignment_action.rate_limit_strategy.blanket_rule == 1  # DENY_ALL
         assert deny.quota_assignment_action.assignment_time_to_live.seconds > 6  # not failure
-    assert stream.service.metrics.errors.labels("invalid")._value.get() == 3
+    assert stream.metrics.errors.labels("invalid")._value.get() == 3
     assert counts(metrics, "same")[0] == 5 * (2**32 - 1) + 5  # allowed + denied, capped

@@ -22,7 +22,8 @@ from rls.core.model import Check
 from rls.engine.candidates import CandidateReporter
 from rls.engine.top import TopTalkers, merge_candidates
 from rls.metrics import Metrics
-from rls.quota.share import Dealer, Ledger
+from rls.quota.ledger import Ledger
+from rls.quota.share import Dealer
 from rls.services.quota import QuotaService, QuotaStream
 from rls.settings import Settings
 from rls.stores.base import Backend
@@ -55,7 +56,7 @@ def quota(
     dealer = Dealer(store, 10_000, clock) if clock is not None else None
     service = QuotaService(lambda: config, store, Settings(), CollectorRegistry(),
                            dealer=dealer, candidates=reporter)
-    return QuotaStream(service), metrics, top
+    return QuotaStream(service.context), metrics, top
 
 
 def counts(metrics: Metrics, candidate: str) -> tuple[float, float, float]:

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 from rls.config.loader import load_files
 from rls.core.model import Check
 from rls.quota.actions import ALLOW_ALL, DENY_ALL, FAILURE_TTL_S, TOKENS_TTL_S
-from rls.quota.bounds import QuotaBounds
+from rls.quota.bounds import SLICE_BUCKETS, QuotaBounds
 from rls.quota.share import Dealer
-from rls.services.quota import SLICE_BUCKETS, STORE_TIMEOUT_MS, QuotaService, QuotaStream
+from rls.services.quota import STORE_TIMEOUT_MS, QuotaService, QuotaStream
 from rls.settings import Settings
 from rls.stores.base import BackendError
 from rls.stores.memory import MemoryBackend
@@ -73,7 +73,7 @@ def answer(stream: QuotaStream, message) -> list:
 
 
 def test_new_limited_bucket_gets_a_blanket_rule_then_a_full_token_bucket_at_once() -> None:
-    stream = QuotaStream(service())
+    stream = QuotaStream(service().context)
     first, second = answer(stream, report(({"client": "a"}, 1, 0)))
     assert first.quota_assignment_action.rate_limit_strategy.blanket_rule == DENY_ALL
     tb = second.quota_assignment_action.rate_limit_strategy.token_bucket
@@ -84,7 +84,7 @@ def test_new_limited_bucket_gets_a_blanket_rule_then_a_full_token_bucket_at_once
 
 
 def test_spent_bucket_is_denied_until_the_window_resets() -> None:
-    stream = QuotaStream(service())
+    stream = QuotaStream(service().context)
     (action,) = answer(stream, report(({"client": "a"}, 4, 0)))
     assign = action.quota_assignment_action
     assert assign.rate_limit_strategy.blanket_rule == DENY_ALL
@@ -92,28 +92,28 @@ def test_spent_bucket_is_denied_until_the_window_resets() -> None:
 
 
 def test_unlimited_bucket_gets_allow_all() -> None:
-    (action,) = answer(QuotaStream(service()), report(({"free": "x"}, 1, 0)))
+    (action,) = answer(QuotaStream(service().context), report(({"free": "x"}, 1, 0)))
     assert action.quota_assignment_action.rate_limit_strategy.blanket_rule == ALLOW_ALL
     assert action.quota_assignment_action.assignment_time_to_live.seconds > 5
 
 
 def test_unmatched_bucket_gets_the_configured_default() -> None:
-    (allow,) = answer(QuotaStream(service()), report(({"other": "x"}, 1, 0)))
+    (allow,) = answer(QuotaStream(service().context), report(({"other": "x"}, 1, 0)))
     assert allow.quota_assignment_action.rate_limit_strategy.blanket_rule == ALLOW_ALL
-    (deny,) = answer(QuotaStream(service(unmatched="deny")), report(({"other": "x"}, 1, 0)))
+    (deny,) = answer(QuotaStream(service(unmatched="deny").context), report(({"other": "x"}, 1, 0)))
     assert deny.quota_assignment_action.rate_limit_strategy.blanket_rule == DENY_ALL
 
 
 def test_limit_with_an_algorithm_quota_mode_cannot_deal_is_unmatched_and_logged(caplog) -> None:
     svc = service()
-    (action,) = answer(QuotaStream(svc), report(({"smooth": "x"}, 1, 0)))
+    (action,) = answer(QuotaStream(svc.context), report(({"smooth": "x"}, 1, 0)))
     assert action.quota_assignment_action.rate_limit_strategy.blanket_rule == ALLOW_ALL
     assert "token_bucket" in caplog.text and "q.smooth" in caplog.text
 
 
 def test_rolling_window_limit_is_unmatched_and_logged(caplog) -> None:
     """Reservations are charges: dealt, a rolling window would start at the first grant."""
-    (action,) = answer(QuotaStream(service()), report(({"rolling": "x"}, 1, 0)))
+    (action,) = answer(QuotaStream(service().context), report(({"rolling": "x"}, 1, 0)))
     assert action.quota_assignment_action.rate_limit_strategy.blanket_rule == ALLOW_ALL
     assert "rolling_from_first_hit" in caplog.text and "q.rolling" in caplog.text
 
@@ -126,15 +126,23 @@ class DeadStore(MemoryBackend):
 def test_dead_store_follows_the_failure_mode_with_short_assignments() -> None:
     for mode, rule in (("allow", ALLOW_ALL), ("deny", DENY_ALL)):
         svc = service(DeadStore(sweep_interval=0), failure_mode=mode)
-        (action,) = answer(QuotaStream(svc), report(({"client": "a"}, 1, 0)))
+        (action,) = answer(QuotaStream(svc.context), report(({"client": "a"}, 1, 0)))
         assign = action.quota_assignment_action
         assert assign.rate_limit_strategy.blanket_rule == rule
         assert assign.assignment_time_to_live.seconds == FAILURE_TTL_S
         assert svc.metrics.errors.labels("backend")._value.get() == 1
 
 
+def test_with_limiting_switched_off_a_dead_store_allows_as_for_should_rate_limit() -> None:
+    """One failure rule (rls.engine.rules.fails_open) for both services."""
+    svc = service(DeadStore(sweep_interval=0), failure_mode="deny")
+    svc.context.settings.limiting_off = True
+    (action,) = answer(QuotaStream(svc.context), report(({"client": "a"}, 1, 0)))
+    assert action.quota_assignment_action.rate_limit_strategy.blanket_rule == ALLOW_ALL
+
+
 def test_every_bucket_of_a_report_is_answered_in_one_response() -> None:
-    actions = answer(QuotaStream(service()), report(
+    actions = answer(QuotaStream(service().context), report(
         ({"client": "a"}, 0, 0), ({"client": "b"}, 0, 0), ({"free": "x"}, 0, 0)
     ))
     assert len(actions) == 2 + 2 + 1
@@ -142,7 +150,7 @@ def test_every_bucket_of_a_report_is_answered_in_one_response() -> None:
 
 def test_thousands_of_buckets_in_one_report_are_all_answered_in_bounded_messages() -> None:
     svc = service()
-    stream = QuotaStream(svc)
+    stream = QuotaStream(svc.context)
     asyncio.run(stream.handle(report(*(({"client": f"c{i}"}, 1, 0) for i in range(3000)))))
     messages = []
     while stream._out:
@@ -160,11 +168,11 @@ def test_thousands_of_buckets_in_one_report_are_all_answered_in_bounded_messages
 def test_buckets_beyond_the_per_stream_cap_get_the_failure_rule_without_state(
     monkeypatch,
 ) -> None:
-    import rls.services.quota as quota
+    import rls.quota.table as table
 
-    monkeypatch.setattr(quota, "MAX_BUCKETS_PER_STREAM", 2)
+    monkeypatch.setattr(table, "MAX_BUCKETS_PER_STREAM", 2)
     svc = service(failure_mode="deny")
-    stream = QuotaStream(svc)
+    stream = QuotaStream(svc.context)
     actions = answer(stream, report(*(({"client": f"c{i}"}, 0, 0) for i in range(3))))
     assert len(stream.buckets) == 2
     (capped,) = [a for a in actions if dict(a.bucket_id.bucket) == {"client": "c2"}]
@@ -179,7 +187,7 @@ class Client:
 
     def __init__(self, svc: QuotaService) -> None:
         self.svc = svc
-        self.stream = QuotaStream(svc)
+        self.stream = QuotaStream(svc.context)
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.answers: list = []
         self.got = asyncio.Event()
@@ -232,9 +240,9 @@ async def eventually(condition, what: str, timeout: float = 5.0) -> None:
 
 
 def test_idle_buckets_expire_on_a_timer_and_give_their_reservation_back(monkeypatch) -> None:
-    import rls.services.quota as quota
+    import rls.quota.table as table
 
-    monkeypatch.setattr(quota, "FORGET_AFTER_MS", 200)
+    monkeypatch.setattr(table, "FORGET_AFTER_MS", 200)
 
     async def main() -> None:
         svc = service(MemoryBackend(sweep_interval=0))  # the wall clock: idleness must pass
@@ -244,7 +252,7 @@ def test_idle_buckets_expire_on_a_timer_and_give_their_reservation_back(monkeypa
         # No further report: the timer alone forgets the bucket and releases its 4 tokens.
         await eventually(lambda: not client.stream.buckets, "the idle bucket forgotten")
         assert svc.metrics.buckets._value.get() == 0
-        await eventually(lambda: not svc._tasks, "the release done")
+        await eventually(lambda: not svc.background, "the release done")
         assert tokens(await client.ask(report(({"client": "b"}, 0, 0)))) == 4
         await client.close()
 
@@ -254,7 +262,7 @@ def test_idle_buckets_expire_on_a_timer_and_give_their_reservation_back(monkeypa
 def test_a_report_of_thousands_of_buckets_yields_the_loop_between_slices() -> None:
     async def main() -> None:
         svc = service()
-        stream = QuotaStream(svc)
+        stream = QuotaStream(svc.context)
         ticks = 0
         done = False
 
@@ -304,7 +312,7 @@ def test_new_buckets_beyond_the_byte_caps_get_the_failure_rule_without_state() -
         assert svc.metrics.errors.labels("bucket_cap")._value.get() == 4 - kept
         await client.close()
         # What the ended stream left for its successor is still counted, nothing more.
-        assert svc.bucket_bytes == sum(b.id_bytes for _, b in svc.orphans.values()) > 0
+        assert svc.bucket_bytes == sum(b.id_bytes for b in svc.orphans.buckets()) > 0
 
     asyncio.run(main())
 
@@ -333,7 +341,7 @@ def test_an_ended_streams_grant_nobody_adopts_is_released_after_the_adopt_time()
         assert tokens(await first.ask(report(({"client": "a"}, 1, 0)))) == 3
         await first.close()
         assert svc.orphans
-        await eventually(lambda: not svc.orphans and not svc._tasks, "orphans released")
+        await eventually(lambda: not svc.orphans and not svc.background, "orphans released")
         # The 3 reserved tokens are back in the counter: 4 - 1 admitted.
         second = Client(svc)
         assert tokens(await second.ask(report(({"client": "b"}, 0, 0)))) == 4
@@ -359,7 +367,7 @@ def test_draining_ends_every_stream_gives_reservations_back_and_refuses_new_ones
         assert bucket.max_tokens == 4 and dict(renewed.bucket_id.bucket) == {"client": "a"}
         assert not svc.orphans and svc.outboxes.bytes == 0
         # Everything given back: a ShouldRateLimit-side check finds the whole limit.
-        dom = svc._config().domains["q"]
+        dom = svc.context.config().domains["q"]
         from rls.engine.checks import match_targets
 
         ((limit, key, _, _),) = match_targets(dom, "q", (("client", "a"),), "rl:")
@@ -376,7 +384,7 @@ def test_a_bucket_held_costs_the_garbage_collector_three_objects() -> None:
 
     async def main() -> None:
         svc = service()
-        stream = QuotaStream(svc)
+        stream = QuotaStream(svc.context)
         # A first report pays what is made once (caches, series, the loop's own objects), so
         # the count below is what the buckets themselves cost.
         await stream.handle(report(*(({"client": f"w{i}"}, 1, 0) for i in range(200))))

@@ -7,7 +7,9 @@ import asyncio
 from rls.config.model import Limit, Unit
 from rls.core.model import Check
 from rls.engine.checks import match_targets
-from rls.quota.share import Dealer, Ledger, paced
+from rls.quota.ledger import Ledger
+from rls.quota.pacing import paced
+from rls.quota.share import Dealer
 from rls.stores.memory import MemoryBackend
 
 T0 = 1_800_000.0  # seconds; a multiple of 60, so 5 s and minute windows start here
@@ -215,15 +217,29 @@ def test_streams_of_one_process_on_one_counter_get_equal_shares_whoever_asks_fir
     a, b = Ledger(limit, "k"), Ledger(limit, "k")
     dealer.join(a)
     dealer.join(b)
-    # The next 7.5 s of the window may take 45 (the pace), shared equally.
-    first = run(dealer.report([a], 0, 100, 0)).tokens
-    second = run(dealer.report([b], 0, 100, 0)).tokens
-    assert first == second == 23
-    # Both used their 23; in the last 5 s the rest is split equally, whoever reports first.
+    # b's demand is not known yet: the next 7.5 s may take 45 (the pace), a gets its half.
+    assert run(dealer.report([a], 0, 100, 0)).tokens == 23
+    # Every stream's demand is known now and exceeds the whole window: the rest is dealt at
+    # once (rls.quota.pacing.dealable), to equal window totals of 30.
+    assert run(dealer.report([b], 0, 100, 0)).tokens == 30
+    # Both used what they held; a is topped up to 30, b holds its 30 already.
     clock.now += 5
     assert run(dealer.report([a], 23, 100, 0)).tokens == 7
-    assert run(dealer.report([b], 23, 100, 0)).tokens == 7
+    assert run(dealer.report([b], 30, 100, 0)).tokens == 0
     assert used(store, limit) == 60
+
+
+def test_a_known_demand_above_the_window_is_paced_while_someone_else_uses_the_counter() -> None:
+    clock, store, limit = setup(rpu=60, multiplier=60)
+    dealer = Dealer(store, 100, clock)
+    a, b = Ledger(limit, "k"), Ledger(limit, "k")
+    dealer.join(a)
+    dealer.join(b)
+    assert run(dealer.report([a], 0, 100, 0)).tokens == 4  # b's demand unknown: half the pace
+    store.decide_now([Check(0, limit, "k", 1)])  # a ShouldRateLimit caller: demand unknown
+    # Without that caller b would get 30 (all 60 dealt to equal totals); with it, half the
+    # pace: ceil(59 * 7.5 / 60) = 8.
+    assert run(dealer.report([b], 0, 100, 0)).tokens == 4
 
 
 def test_a_share_another_stream_does_not_want_goes_to_the_one_that_does() -> None:
@@ -234,7 +250,7 @@ def test_a_share_another_stream_does_not_want_goes_to_the_one_that_does() -> Non
     dealer.join(idle)
     # Wants 5 per 7.5 s; held to no less than a quarter of the room (the idle floor).
     assert run(dealer.report([idle], 0, 5, 0)).tokens == 15
-    # Of the 45 the next 7.5 s may take, the busy one gets all the idle one does not want.
-    assert run(dealer.report([busy], 0, 100, 0)).tokens == 45 - 5
+    # Both demands known, together above the window: the busy one gets all the room left.
+    assert run(dealer.report([busy], 0, 100, 0)).tokens == 60 - 15
     dealer.leave(idle)
     assert dealer.peers("k") == 1
