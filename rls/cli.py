@@ -16,6 +16,7 @@ from rls.cli_hints import parse_args
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.loader import discover, load_files, load_paths, read_text, yaml_files_under
 from rls.config.reload import check_config_command
+from rls.config.xds.options import XDS_FLAGS, parse_duration
 from rls.config.yaml_source import parse_yaml
 from rls.event_loop import loop_factory
 from rls.frequency.model import is_counters_doc
@@ -24,6 +25,7 @@ from rls.logging_setup import setup_logging
 from rls.response_cache import check_cache_file, is_cache_file
 from rls.settings import (
     CHOICES,
+    DURATIONS,
     REFERENCE_ENV,
     SettingError,
     Settings,
@@ -86,6 +88,7 @@ FLAGS = {
     "decision_log_max_bytes": "decision log file size before it rotates (one backup kept)",
     "extproc_addr": "ext_proc (response cache) listen address; --grpc-addr's value: same port",
     "max_concurrent_streams": "concurrent gRPC streams per client connection",
+    **XDS_FLAGS,
 }
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"
@@ -126,14 +129,17 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         sources[name] = source
         kind = _kind(name)
         try:
-            if kind == "bool":
+            if name in DURATIONS:
+                value = parse_duration(str(value))
+            elif kind == "bool":
                 value = value if isinstance(value, bool) else parse_bool(str(value))
             elif kind == "int":
                 value = int(value)
             elif kind == "float":
                 value = float(value)
         except ValueError:
-            raise ValueError(f"{source}: {value!r} is not {_KIND_TEXT[kind]}") from None
+            what = "a duration (10s, 1m30s)" if name in DURATIONS else _KIND_TEXT[kind]
+            raise ValueError(f"{source}: {value!r} is not {what}") from None
         setattr(settings, name, value)
     config = list(getattr(args, "config", None) or [])
     if not config:
@@ -372,7 +378,7 @@ def startup_problem(settings: Settings) -> str | None:
     """
     if settings.cache_config and not os.path.isfile(settings.cache_config):
         return f"--cache-config: {settings.cache_config}: no such file"
-    if settings.allow_empty_config:
+    if settings.allow_empty_config or settings.config_type == "GRPC_XDS_SOTW":
         return None
     if not settings.config:
         return (

@@ -21,6 +21,7 @@ from rls.admin.switches import follow_shared
 from rls.config.errors import ConfigError
 from rls.config.model import RateLimitConfig
 from rls.config.reload import ConfigHolder, check_config_command
+from rls.config.xds.client import XdsConfigSource, start_source
 from rls.engine.candidates import CandidateReporter
 from rls.engine.limiter import RateLimiter
 from rls.engine.top import TopTalkers, dumps_snapshot
@@ -216,6 +217,7 @@ class Server:
         self.cache: ResponseCache | None = None
         self.extproc: grpc.aio.Server | None = None  # ext_proc's own listener, if any
         self.quota: QuotaService | None = None
+        self.xds: XdsConfigSource | None = None  # CONFIG_TYPE=GRPC_XDS_SOTW
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
 
@@ -225,7 +227,9 @@ class Server:
         tune_thresholds()
         self.pauses.install()
         self._chain_config_hooks()
-        if not self._load_config():
+        if self.settings.config_type == "GRPC_XDS_SOTW":
+            self.xds = await start_source(self.settings, self.app.holder, self.app.metrics.registry)
+        elif not self._load_config():
             return 1
         await self._start_store()
         counters = await self._start_counters()
@@ -382,6 +386,9 @@ class Server:
         settings, app = self.settings, self.app
         self.state = AdminState(app.service, app.metrics, app.holder.current)
         self.state.store_ready = False
+        self.state.require_domain = settings.healthy_with_at_least_one_config_loaded
+        if self.xds is not None:
+            self.state.config_source = self.xds.status
         self.state.counters = counters  # type: ignore[attr-defined]  # read by admin/freq.py
         admin_app = create_app(self.state)
         if self.cache is not None:
@@ -427,7 +434,10 @@ class Server:
     def _serving(self, config: RateLimitConfig | None) -> bool:
         """gRPC health's answer, as /healthcheck's: a domain loaded and, under --workers, no
         sibling worker slot failing (draining and the store are the callers' conditions)."""
-        return has_config(config) and worker_problem() is None
+        domain_needed = (self.settings.healthy_with_at_least_one_config_loaded
+                         or self.settings.config_type == "FILE")
+        loaded = has_config(config) if domain_needed else config is not None
+        return loaded and worker_problem() is None
 
     async def _follow_workers(self) -> None:
         """--workers: gRPC health follows the supervisor's slots (checked every second)."""
@@ -491,6 +501,8 @@ class Server:
         self.pauses.uninstall()
         app.metrics.flush()
         await _bounded("the config watcher", app.holder.stop())
+        if self.xds is not None:
+            await _bounded("the xDS client", self.xds.stop())
         await _bounded("the admin server", runner.cleanup())
         await _bounded("the store", app.backend.close())
         watchdog.cancel()
