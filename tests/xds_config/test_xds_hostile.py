@@ -15,7 +15,7 @@ from support.waiting import wait_until
 
 from rls.config.xds.convert import TYPE_URL
 
-from .ads_server import AdsServer, domain, limit, pack, pb
+from .ads_server import AdsServer, domain, limit, pb
 from .calls import OK, OVER_LIMIT, decide
 from .test_xds_config import basic
 
