@@ -36,7 +36,9 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, json_format
 
 from rls.config.xds.convert import TYPE_URL
-from rls.config.xds.proto import rls_conf_pb2
+from rls.config.xds.proto import rls_conf_pb2 as _generated
+
+pb: Any = _generated  # generated module: no type information
 
 log = logging.getLogger("xds_server")
 
@@ -57,7 +59,7 @@ def load_resources(paths: list[str]) -> list[any_pb2.Any]:
     resources = []
     for file in yaml_files(paths):
         doc = yaml.safe_load(file.read_text()) or {}
-        resource = rls_conf_pb2.RateLimitConfig(name=str(file))
+        resource = pb.RateLimitConfig(name=str(file))
         try:
             json_format.ParseDict(
                 {"domain": doc.get("domain", ""), "descriptors": doc.get("descriptors", [])},
