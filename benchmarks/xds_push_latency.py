@@ -1,0 +1,114 @@
+"""Decision latency while a control plane pushes 10,000 domains over xDS.
+
+rls (memory store, CONFIG_TYPE=GRPC_XDS_SOTW) follows an in-process ADS server
+(tests/xds_config/ads_server.py). A steady open loop of ShouldRateLimit calls
+(`_common.paced`) runs twice: once with no push, once while the server pushes sets of 10,000
+domains (plus the benchmark's own) one after the other, each built off the event loop and
+swapped in. Reports p50/p99/p99.9 of both runs and how many 10,000-domain sets were applied
+during the second; calls answered in error are counted.
+
+    python benchmarks/xds_push_latency.py [--rate 300] [--seconds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import threading
+import time
+from typing import Any
+
+from _common import (
+    HIGH,
+    METHOD,
+    PYTHON,
+    ROOT,
+    free_port,
+    grpc_call,
+    http_get,
+    latency_stats,
+    paced,
+    request_bytes,
+    spawn,
+    table,
+    wait_until,
+    workdir,
+)
+
+sys.path.insert(0, str(ROOT / "tests"))
+from xds_config.ads_server import AdsServer, domain, limit, pb
+
+
+def bench_domain() -> Any:
+    high = pb.RateLimitPolicy(unit=pb.MINUTE, requests_per_unit=HIGH)
+    return domain(
+        "bench",
+        pb.RateLimitDescriptor(key="user", descriptors=[
+            pb.RateLimitDescriptor(key="path", rate_limit=high)]),
+        pb.RateLimitDescriptor(key="api", value="items", descriptors=[
+            pb.RateLimitDescriptor(key="user", rate_limit=high)]),
+        pb.RateLimitDescriptor(key="remote_address", rate_limit=high),
+    )
+
+
+def many(tag: int) -> list[Any]:
+    return [domain(f"d{tag}-{i:05d}", limit("key", "MINUTE", 10 + tag)) for i in range(10_000)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=300.0, help="calls/s (open loop)")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    # The paced clients are processes: spawned, not forked from a process serving gRPC.
+    multiprocessing.set_start_method("spawn")
+    logs = workdir("xds-push")
+    ads = AdsServer().start()
+    ads.set_snapshot("0", [bench_domain()])
+    env = {"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": ads.url}
+    grpc_port, http_port = free_port(), free_port()
+    proc = spawn([PYTHON, "-m", "rls", "serve", "--grpc-addr", f"127.0.0.1:{grpc_port}",
+                  "--http-addr", f"127.0.0.1:{http_port}", "--log-level", "warning"],
+                 "rls", logs, env=env)
+    addr = f"127.0.0.1:{grpc_port}"
+    wait_until(lambda: http_get(f"http://127.0.0.1:{http_port}/healthcheck")[0] == 200, 30,
+               "rls healthy", proc.proc, proc.log_path)
+    wait_until(lambda: grpc_call(addr, request_bytes("bench"))[0] == 0, 30, "rls gRPC",
+               proc.proc, proc.log_path)
+    sets = [[bench_domain(), *many(tag)] for tag in (1, 2)]
+    body = [request_bytes("bench")]
+    quiet = paced(addr, METHOD, body, args.rate, args.seconds, "no push")
+
+    applied = 0
+    stop = threading.Event()
+
+    def push() -> None:
+        nonlocal applied
+        version = 0
+        time.sleep(1.0)  # the paced clients are connected and sending
+        while not stop.is_set():
+            version += 1
+            ads.set_snapshot(f"big-{version}", sets[version % 2])
+            ads.wait_ack(f"big-{version}", timeout=300)
+            if not stop.is_set():
+                applied += 1
+
+    pusher = threading.Thread(target=push, daemon=True)
+    pusher.start()
+    pushed = paced(addr, METHOD, body, args.rate, args.seconds, "10,000-domain pushes")
+    stop.set()
+    pusher.join(timeout=300)
+    rows = []
+    for result, note in ((quiet, "-"), (pushed, f"{applied} sets applied")):
+        stats = latency_stats(result.latencies_us)
+        rows.append([result.label, round(result.achieved_rps), result.errors,
+                     stats["p50_ms"], stats["p99_ms"], stats["p999_ms"], note])
+    print(table(["run", "calls/s", "errors", "p50 ms", "p99 ms", "p99.9 ms", "pushes"], rows,
+                f"ShouldRateLimit latency at {args.rate:g} calls/s, {args.seconds:g} s each"))
+    proc.stop()
+    ads.stop()
+
+
+if __name__ == "__main__":
+    main()
