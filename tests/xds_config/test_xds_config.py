@@ -196,3 +196,32 @@ def test_healthy_with_at_least_one_config_loaded_holds_health_until_a_domain(
     ads.set_snapshot("2", [basic()])
     ads.wait_ack("2")
     wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200, 10, "healthy")
+
+
+def test_rls_features_work_on_xds_config_rlconfig_top_shadow_and_quota(
+    ads: AdsServer, xds_rls: Callable[..., Any]
+) -> None:
+    tier = pb.RateLimitDescriptor(
+        key="tier", value="gold", shadow_mode=True, detailed_metric=True,
+        rate_limit=pb.RateLimitPolicy(unit=pb.HOUR, requests_per_unit=1, name="gold-hourly"),
+    )
+    tier.metadata.update({"plan": "gold"})
+    quota = pb.RateLimitDescriptor(key="tokens", quota_mode=True, rate_limit=pb.RateLimitPolicy(
+        unit=pb.WEEK, requests_per_unit=2))
+    ads.set_snapshot("1", [domain("features", tier, quota, limit("user", "HOUR", 1))])
+    rls = xds_rls(RESPONSE_DYNAMIC_METADATA="true")
+    ads.wait_ack("1")
+    status, text = http_get(rls.http_url + "/rlconfig")
+    assert status == 200
+    assert text.decode().splitlines() == [
+        "features.tier_gold: unit=HOUR requests_per_unit=1, shadow_mode: true, "
+        "quota_mode: false, name: gold-hourly",
+        "features.tokens: unit=WEEK requests_per_unit=2, shadow_mode: false, quota_mode: true",
+        "features.user: unit=HOUR requests_per_unit=1, shadow_mode: false, quota_mode: false",
+    ]
+    for _ in range(2):  # over its limit, but in shadow mode: answered OK
+        assert decide(rls.grpc_addr, "features", ("tier", "gold")) == OK
+    assert decide(rls.grpc_addr, "features", ("user", "mallory")) == OK
+    assert decide(rls.grpc_addr, "features", ("user", "mallory")) == OVER_LIMIT
+    wait_until(lambda: "mallory" in http_get(rls.http_url + "/top?domain=features")[1].decode(),
+               10, "the over-limit caller in /top (rls top)")
