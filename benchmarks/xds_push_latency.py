@@ -37,7 +37,7 @@ from _common import (
 )
 
 sys.path.insert(0, str(ROOT / "tests"))
-from xds_config.ads_server import AdsServer, domain, limit, pb
+from xds_config.ads_server import AdsServer, domain, limit, pack, pb
 
 
 def bench_domain() -> Any:
@@ -76,7 +76,7 @@ def main() -> None:
                "rls healthy", proc.proc, proc.log_path)
     wait_until(lambda: grpc_call(addr, request_bytes("bench"))[0] == 0, 30, "rls gRPC",
                proc.proc, proc.log_path)
-    sets = [[bench_domain(), *many(tag)] for tag in (1, 2)]
+    sets = [[pack(r) for r in (bench_domain(), *many(tag))] for tag in (1, 2)]  # packed once
     body = [request_bytes("bench")]
     quiet = paced(addr, METHOD, body, args.rate, args.seconds, "no push")
 

@@ -21,6 +21,7 @@ import contextlib
 import gc
 import hashlib
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +38,13 @@ from rls.config.errors import ConfigError
 from rls.config.loader import LoadBudget
 from rls.config.model import RateLimitConfig
 from rls.config.reload import ConfigHolder, in_daemon_thread, one_line
-from rls.config.xds.convert import RESPONSE, TYPE_URL, XdsResponseError, build_config
+from rls.config.xds.convert import (
+    RESPONSE,
+    TYPE_URL,
+    XdsResponseError,
+    YieldingBudget,
+    build_config,
+)
 from rls.config.xds.options import Backoff, parse_pairs
 from rls.settings import Settings
 
@@ -51,6 +58,9 @@ MAX_VERSION_CHARS = 128  # of the version label and /rlconfig (a server chooses 
 NACK_REASONS = ("type_url", "decode", "too_large", "invalid", "timeout")
 RECONNECT_REASONS = ("connect_failed", "stream_lost", "response_too_large")
 INVALID_ARGUMENT = 3  # google.rpc.Code of a NACK's error_detail
+# While a set builds, the event loop waits for the GIL at most this long (Python's default is
+# 5 ms): every decision needs the GIL a few times, and a build can hold the CPU for seconds.
+BUILD_SWITCH_INTERVAL = 0.0005
 
 
 class XdsMetrics:
@@ -267,7 +277,7 @@ class XdsConfigSource:
             )
             return self._nack(response, error)
         resources = list(response.resources)
-        budget = LoadBudget()
+        budget = YieldingBudget()
         limit = budget.load_seconds + 5.0  # the build stops itself at load_seconds
         try:
             digest, built = await in_daemon_thread(
@@ -336,12 +346,15 @@ def _without_collector(build: Callable[[], RateLimitConfig]) -> RateLimitConfig:
     collection first is short, the heap being frozen but for what changed since the last."""
     gc.collect()
     enabled = gc.isenabled()
+    switch = sys.getswitchinterval()
     gc.disable()
+    sys.setswitchinterval(BUILD_SWITCH_INTERVAL)
     try:
         config = build()
         gc.freeze()
         return config
     finally:
+        sys.setswitchinterval(switch)
         if enabled:
             gc.enable()
 
