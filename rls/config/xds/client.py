@@ -54,6 +54,7 @@ LABEL = "xds"  # rls_config_last_load_error{file} of a refused set
 DEFAULT_MAX_MSG_BYTES = 4 << 20  # gRPC's default receive limit (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES=0)
 KEEPALIVE_MS = 30_000  # a silent dead connection is noticed within about 40 s
 KEEPALIVE_TIMEOUT_MS = 10_000
+RETRY_LOG_SECONDS = 60.0  # the same reconnect problem is logged again after this long
 MAX_VERSION_CHARS = 128  # of the version label and /rlconfig (a server chooses the text)
 NACK_REASONS = ("type_url", "decode", "too_large", "invalid", "timeout")
 RECONNECT_REASONS = ("connect_failed", "stream_lost", "response_too_large")
@@ -127,6 +128,7 @@ class XdsConfigSource:
         self.last_stream_error: str | None = None
         self.connected = False
         self._digest: bytes | None = None
+        self._logged: tuple[object, float] = (None, 0.0)  # last retry warning, when
         self._task: asyncio.Task[None] | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -177,9 +179,19 @@ class XdsConfigSource:
                 backoff.reset()
             delay = connect.next() if reason == "connect_failed" else backoff.next()
             self.metrics.reconnects.labels(reason).inc()
-            log.warning("xDS: %s (%s); the config in force stays; retrying in %.1f s",
-                        reason.replace("_", " "), self.last_stream_error, delay)
+            self._log_retry(reason, delay)
             await asyncio.sleep(delay)
+
+    def _log_retry(self, reason: str, delay: float) -> None:
+        """One warning per new problem, repeated at most every RETRY_LOG_SECONDS while it
+        lasts (a server down for an hour is not 1,200 identical lines)."""
+        now = time.monotonic()
+        problem = (reason, self.last_stream_error)
+        if problem == self._logged[0] and now - self._logged[1] < RETRY_LOG_SECONDS:
+            return
+        self._logged = (problem, now)
+        log.warning("xDS: %s (%s); keeping the config in force; retrying in %.1f s",
+                    reason.replace("_", " "), self.last_stream_error, delay)
 
     # -- one stream ----------------------------------------------------------------------------
 
