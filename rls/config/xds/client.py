@@ -152,7 +152,7 @@ class XdsConfigSource:
             "server": self.settings.xds_server_url,
             "node_id": self.settings.xds_node_id,
             "connected": self.connected,
-            "version": self.version if self.accepted_at is not None else None,
+            "version": self.version[:MAX_VERSION_CHARS] if self.accepted_at is not None else None,
             "accepted_at": _iso(self.accepted_at),
             "last_nack": self.last_nack,
             "last_stream_error": self.last_stream_error,
@@ -305,7 +305,7 @@ class XdsConfigSource:
         if digest != self._digest and built is not None:
             self.holder.apply(built, LABEL)
         self._digest = digest
-        self.version = version
+        self.version = response.version_info
         self.accepted_at = time.time()
         self.metrics.set_version(version)
         self.metrics.acks.inc()
