@@ -3,6 +3,7 @@ RateLimitConfig), and the client's settings read the reference's forms."""
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -122,3 +123,17 @@ def test_backoff_doubles_from_initial_up_to_max_within_the_random_factor() -> No
     jittered = Backoff(10, 60, 0.5, jitter=True, rng=random.Random(1))
     delays = [jittered.next() for _ in range(50)]
     assert 5 <= min(delays) and max(delays) <= 60 and len(set(delays)) > 10
+
+
+def test_building_a_set_leaves_no_cyclic_garbage_behind() -> None:
+    """The client freezes each build out of the collector's reach: garbage cycles left by
+    building would be frozen, i.e. kept for ever (a recursive closure per domain once was)."""
+    resources = [pack(domain(f"d{i}", limit("k", "SECOND", 1))) for i in range(200)]
+    gc.collect()
+    gc.disable()
+    try:
+        config = build_config(resources)
+        del config
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
