@@ -23,3 +23,13 @@ def decide(addr: str, domain: str, *entries: tuple[str, str], hits: int = 0) -> 
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
         response = stub.ShouldRateLimit(request(domain, *entries, hits=hits), timeout=5)
     return int(response.overall_code)
+
+
+def health(addr: str) -> str:
+    """grpc.health.v1 status of the `ratelimit` service: SERVING, NOT_SERVING..."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(addr) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        answer = stub.Check(health_pb2.HealthCheckRequest(service="ratelimit"), timeout=5)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status))

@@ -15,7 +15,7 @@ from support.net import connectable
 from support.waiting import wait_until
 
 from .ads_server import AdsServer, domain, limit, pb
-from .calls import OK, OVER_LIMIT, decide
+from .calls import OK, OVER_LIMIT, decide, health
 
 
 def basic() -> Any:
@@ -175,6 +175,7 @@ def test_force_start_serves_every_call_ok_while_the_server_is_down_then_picks_co
     for _ in range(3):
         assert decide(rls.grpc_addr, "basic", ("one_per_minute", "x")) == OK
     assert rlconfig(rls)["source"]["version"] is None
+    assert health(rls.grpc_addr) == "SERVING"  # as the reference's, without a config
 
     ads.set_snapshot("1", [basic()])
     ads.start()
@@ -190,12 +191,14 @@ def test_healthy_with_at_least_one_config_loaded_holds_health_until_a_domain(
                   HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED="true")
     wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 500, 15, "up, unhealthy")
     assert decide(rls.grpc_addr, "basic", ("one_per_minute", "x")) == OK
+    assert health(rls.grpc_addr) == "NOT_SERVING"
     ads.set_snapshot("1", [])  # an empty set is accepted, still no domain
     ads.wait_ack("1")
     assert http_get(rls.http_url + "/healthcheck")[0] == 500
     ads.set_snapshot("2", [basic()])
     ads.wait_ack("2")
     wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200, 10, "healthy")
+    wait_until(lambda: health(rls.grpc_addr) == "SERVING", 10, "gRPC health SERVING")
 
 
 def test_rls_features_work_on_xds_config_rlconfig_top_shadow_and_quota(
