@@ -489,7 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"rls: cannot start: the config does not load: {exc.detail()} "
                   f"(every problem: {command})", file=sys.stderr)
             return 1
-        if not config.domains and not settings.allow_empty_config:
+        xds = settings.config_type == "GRPC_XDS_SOTW"  # each worker gets its own stream
+        if not config.domains and not settings.allow_empty_config and not xds:
             print("rls: no domain loaded (0 descriptor files)", file=sys.stderr)
             return 1
         if not settings.redis_url:

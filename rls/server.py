@@ -432,8 +432,9 @@ class Server:
             loop.add_signal_handler(sig, self.stop_requested.set)
 
     def _serving(self, config: RateLimitConfig | None) -> bool:
-        """gRPC health's answer, as /healthcheck's: a domain loaded and, under --workers, no
-        sibling worker slot failing (draining and the store are the callers' conditions)."""
+        """gRPC health's answer, as /healthcheck's: a domain loaded (over xDS: a config in
+        force, unless HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the reference) and, under
+        --workers, no sibling worker slot failing (draining and the store are the callers')."""
         domain_needed = (self.settings.healthy_with_at_least_one_config_loaded
                          or self.settings.config_type == "FILE")
         loaded = has_config(config) if domain_needed else config is not None

@@ -228,3 +228,13 @@ def test_rls_features_work_on_xds_config_rlconfig_top_shadow_and_quota(
     assert decide(rls.grpc_addr, "features", ("user", "mallory")) == OVER_LIMIT
     wait_until(lambda: "mallory" in http_get(rls.http_url + "/top?domain=features")[1].decode(),
                10, "the over-limit caller in /top (rls top)")
+
+
+def test_each_worker_holds_its_own_stream(
+    ads: AdsServer, xds_rls: Callable[..., Any], redis_url: str
+) -> None:
+    ads.set_snapshot("1", [basic()])
+    rls = xds_rls(args=("--workers", "2", "--redis-url", redis_url))
+    wait_until(lambda: len(ads.acks("1")) == 2, 30, "both workers' ACKs")
+    assert decide(rls.grpc_addr, "basic", ("one_per_minute", "w")) == OK
+    assert decide(rls.grpc_addr, "basic", ("one_per_minute", "w")) == OVER_LIMIT
