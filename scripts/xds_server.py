@@ -54,15 +54,29 @@ def yaml_files(paths: list[str]) -> list[Path]:
     return out
 
 
+def upper_units(descriptors: Any) -> Any:
+    """Units as the enum's names (`minute` -> `MINUTE`; YAML files take either case)."""
+    for descriptor in descriptors or []:
+        limit = descriptor.get("rate_limit") if isinstance(descriptor, dict) else None
+        if isinstance(limit, dict) and isinstance(limit.get("unit"), str):
+            limit["unit"] = limit["unit"].upper()
+        if isinstance(descriptor, dict):
+            upper_units(descriptor.get("descriptors"))
+    return descriptors or []
+
+
 def load_resources(paths: list[str]) -> list[any_pb2.Any]:
     """One packed RateLimitConfig per file; ValueError naming the file that does not fit."""
     resources = []
     for file in yaml_files(paths):
         doc = yaml.safe_load(file.read_text()) or {}
+        if not isinstance(doc, dict) or "domain" not in doc:
+            log.warning("%s: skipped: not a descriptor file (no domain)", file)
+            continue
         resource = pb.RateLimitConfig(name=str(file))
         try:
             json_format.ParseDict(
-                {"domain": doc.get("domain", ""), "descriptors": doc.get("descriptors", [])},
+                {"domain": doc["domain"], "descriptors": upper_units(doc.get("descriptors"))},
                 resource,
             )
         except json_format.ParseError as exc:
