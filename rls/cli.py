@@ -16,6 +16,7 @@ from rls.cli_hints import parse_args
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.loader import discover, load_files, load_paths, read_text, yaml_files_under
 from rls.config.reload import check_config_command, problems_line
+from rls.config.xds.options import XDS_FLAGS, parse_duration
 from rls.config.yaml_source import parse_yaml
 from rls.event_loop import loop_factory
 from rls.frequency.model import is_counters_doc
@@ -26,6 +27,7 @@ from rls.response_cache.cli import add_parser as add_cache_parser
 from rls.response_cache.cli import command as cache_command
 from rls.settings import (
     CHOICES,
+    DURATIONS,
     LOG_LEVEL_ALIASES,
     REFERENCE_ENV,
     SettingError,
@@ -93,6 +95,7 @@ FLAGS = {
     "admin_read_only": "admin: only /healthcheck, /metrics, /rlconfig (may leave loopback)",
     "prometheus_addr": "also serve the Prometheus metrics on this host:port ('' = off)",
     "prometheus_path": "path of the metrics on --prometheus-addr",
+    **XDS_FLAGS,
 }
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"
@@ -133,14 +136,17 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         sources[name] = source
         kind = _kind(name)
         try:
-            if kind == "bool":
+            if name in DURATIONS:
+                value = parse_duration(str(value))
+            elif kind == "bool":
                 value = value if isinstance(value, bool) else parse_bool(str(value))
             elif kind == "int":
                 value = int(value)
             elif kind == "float":
                 value = float(value)
         except ValueError:
-            raise ValueError(f"{source}: {value!r} is not {_KIND_TEXT[kind]}") from None
+            what = "a duration (10s, 1m30s)" if name in DURATIONS else _KIND_TEXT[kind]
+            raise ValueError(f"{source}: {value!r} is not {what}") from None
         setattr(settings, name, value)
     config = list(getattr(args, "config", None) or [])
     if not config:
@@ -375,7 +381,7 @@ def startup_problem(settings: Settings) -> str | None:
     """
     if settings.cache_config and not os.path.isfile(settings.cache_config):
         return f"--cache-config: {settings.cache_config}: no such file"
-    if settings.allow_empty_config:
+    if settings.allow_empty_config or settings.config_type == "GRPC_XDS_SOTW":
         return None
     if not settings.config:
         return (
@@ -489,7 +495,8 @@ def main(argv: Sequence[str] | None = None, notes: Sequence[tuple[int, str]] = (
             print(f"rls: cannot start: the config does not load: {problems_line(exc)} "
                   f"(every problem: {command})", file=sys.stderr)
             return 1
-        if not config.domains and not settings.allow_empty_config:
+        xds = settings.config_type == "GRPC_XDS_SOTW"  # each worker gets its own stream
+        if not config.domains and not settings.allow_empty_config and not xds:
             print("rls: no domain loaded (0 descriptor files)", file=sys.stderr)
             return 1
         if not settings.redis_url:

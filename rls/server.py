@@ -22,6 +22,7 @@ from rls.admin.switches import follow_shared
 from rls.config.errors import ConfigError
 from rls.config.model import RateLimitConfig
 from rls.config.reload import ConfigHolder, check_config_command
+from rls.config.xds.client import XdsConfigSource, start_source
 from rls.engine.candidates import CandidateReporter
 from rls.engine.limiter import RateLimiter
 from rls.engine.top import TopTalkers, dumps_snapshot
@@ -218,6 +219,7 @@ class Server:
         self.cache: ResponseCache | None = None
         self.extproc: grpc.aio.Server | None = None  # ext_proc's own listener, if any
         self.quota: QuotaService | None = None
+        self.xds: XdsConfigSource | None = None  # CONFIG_TYPE=GRPC_XDS_SOTW
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
 
@@ -227,7 +229,9 @@ class Server:
         tune_thresholds()
         self.pauses.install()
         self._chain_config_hooks()
-        if not self._load_config():
+        if self.settings.config_type == "GRPC_XDS_SOTW":
+            self.xds = await start_source(self.settings, self.app.holder, self.app.metrics.registry)
+        elif not self._load_config():
             return 1
         await self._start_store()
         counters = await self._start_counters()
@@ -384,6 +388,9 @@ class Server:
         settings, app = self.settings, self.app
         self.state = AdminState(app.service, app.metrics, app.holder.current)
         self.state.store_ready = False
+        self.state.require_domain = settings.healthy_with_at_least_one_config_loaded
+        if self.xds is not None:
+            self.state.config_source = self.xds.status
         self.state.counters = counters  # type: ignore[attr-defined]  # read by admin/freq.py
         admin_app = create_app(self.state)
         if not settings.admin_read_only:
@@ -418,9 +425,13 @@ class Server:
             loop.add_signal_handler(sig, self.stop_requested.set)
 
     def _serving(self, config: RateLimitConfig | None) -> bool:
-        """gRPC health's answer, as /healthcheck's: a domain loaded and, under --workers, no
-        sibling worker slot failing (draining and the store are the callers' conditions)."""
-        return has_config(config) and worker_problem() is None
+        """gRPC health's answer, as /healthcheck's: a domain loaded (over xDS: a config in
+        force, unless HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the reference) and, under
+        --workers, no sibling worker slot failing (draining and the store are the callers')."""
+        domain_needed = (self.settings.healthy_with_at_least_one_config_loaded
+                         or self.settings.config_type == "FILE")
+        loaded = has_config(config) if domain_needed else config is not None
+        return loaded and worker_problem() is None
 
     async def _follow_workers(self) -> None:
         """--workers: gRPC health follows the supervisor's slots (checked every second)."""
@@ -484,6 +495,8 @@ class Server:
         self.pauses.uninstall()
         app.metrics.flush()
         await _bounded("the config watcher", app.holder.stop())
+        if self.xds is not None:
+            await _bounded("the xDS client", self.xds.stop())
         for runner in runners:  # the admin listener, the Prometheus one
             await _bounded("an HTTP listener", runner.cleanup())
         await _bounded("the store", app.backend.close())

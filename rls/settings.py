@@ -26,6 +26,25 @@ REFERENCE_ENV = {
     "response_headers": "LIMIT_RESPONSE_HEADERS_ENABLED",
     "dynamic_metadata": "RESPONSE_DYNAMIC_METADATA",
     "prometheus_path": "PROMETHEUS_PATH",
+    # Config over xDS (rls/config/xds; docs/configuration.md, "Config from a control plane")
+    "config_type": "CONFIG_TYPE",
+    "xds_server_url": "CONFIG_GRPC_XDS_SERVER_URL",
+    "xds_node_id": "CONFIG_GRPC_XDS_NODE_ID",
+    "xds_node_metadata": "CONFIG_GRPC_XDS_NODE_METADATA",
+    "xds_additional_headers": "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+    "xds_server_use_tls": "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "xds_client_tls_cert": "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "xds_client_tls_key": "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "xds_server_tls_cacert": "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "xds_server_tls_san": "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "xds_connect_retry_interval": "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "xds_backoff_initial": "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "xds_backoff_max": "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "xds_backoff_random_factor": "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "xds_backoff_jitter": "XDS_CLIENT_BACKOFF_JITTER",
+    "xds_max_msg_bytes": "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+    "force_start_without_initial_config": "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "healthy_with_at_least_one_config_loaded": "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
 }
 
 
@@ -108,6 +127,29 @@ class Settings:
     # the reference's USE_PROMETHEUS + PROMETHEUS_ADDR, e.g. Envoy Gateway's ":19001").
     prometheus_addr: str = ""
     prometheus_path: str = "/metrics"
+    # Config over xDS (rls/config/xds, docs/configuration.md): FILE reads --config;
+    # GRPC_XDS_SOTW takes every domain from a control plane's ADS stream instead.
+    config_type: str = "FILE"
+    xds_server_url: str = "localhost:18000"
+    xds_node_id: str = "default"
+    xds_node_metadata: str = ""  # k1:v1,k2:v2 (k=v too, as the reference)
+    xds_additional_headers: str = ""  # k1:v1,k2:v2: gRPC metadata on the stream
+    xds_server_use_tls: bool = False
+    xds_client_tls_cert: str = ""
+    xds_client_tls_key: str = ""
+    xds_server_tls_cacert: str = ""  # "" = the system's roots
+    xds_server_tls_san: str = ""  # the name the server's certificate must carry
+    # Durations in seconds; the flags and variables also take Go forms (`3s`, `1m30s`).
+    xds_connect_retry_interval: float = 3.0
+    xds_backoff_initial: float = 10.0
+    xds_backoff_max: float = 60.0
+    xds_backoff_random_factor: float = 0.5
+    xds_backoff_jitter: bool = True
+    xds_max_msg_bytes: int = 0  # largest response accepted; 0 = 4 MiB (gRPC's default)
+    # xDS: open the listeners before the first config (no domain: every call OK).
+    force_start_without_initial_config: bool = False
+    # Health says not serving until a config with at least one domain is in force.
+    healthy_with_at_least_one_config_loaded: bool = False
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
@@ -150,6 +192,32 @@ class Settings:
             raise SettingError("redis_url", str(exc)) from None
         for name, schemes in URL_SCHEMES.items():
             _check_url(name, getattr(self, name), schemes)
+        self._validate_xds()
+
+    def _validate_xds(self) -> None:
+        """CONFIG_TYPE=GRPC_XDS_SOTW: a server, well-formed lists, a whole client key pair,
+        and no --config beside it (rls/config/xds: no domain comes from two sources)."""
+        from rls.config.xds.options import parse_pairs  # loaded only when validating
+
+        for name in ("xds_node_metadata", "xds_additional_headers"):
+            try:
+                parse_pairs(getattr(self, name), "=:" if name == "xds_node_metadata" else ":")
+            except ValueError as exc:
+                raise SettingError(name, str(exc)) from None
+        if self.config_type != "GRPC_XDS_SOTW":
+            return
+        if self.config:
+            raise SettingError(
+                "config_type", "GRPC_XDS_SOTW takes every domain from the control plane: "
+                "--config (RLS_CONFIG) cannot be given beside it",
+            )
+        if not self.xds_server_url:
+            raise SettingError("xds_server_url", "is empty")
+        if bool(self.xds_client_tls_cert) != bool(self.xds_client_tls_key):
+            raise SettingError(
+                "xds_client_tls_cert" if not self.xds_client_tls_cert else "xds_client_tls_key",
+                "a client certificate needs both the certificate and its key",
+            )
 
 
 def _check_url(name: str, url: str, schemes: tuple[str, ...]) -> None:
@@ -200,6 +268,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log_format": ("text", "json"),
     "loop": ("auto", "uvloop", "asyncio"),
     "log_level": ("debug", "info", "warning", "error", "critical"),
+    "config_type": ("FILE", "GRPC_XDS_SOTW"),
 }
 MINIMUM: dict[str, float] = {
     "workers": 1,
@@ -221,7 +290,17 @@ MINIMUM: dict[str, float] = {
     "max_request_bytes": 1,
     "decision_log_max_bytes": 1024,
     "max_concurrent_streams": 1,
+    "xds_connect_retry_interval": 0.001,
+    "xds_backoff_initial": 0.001,
+    "xds_backoff_max": 0.001,
+    "xds_backoff_random_factor": 0,
+    "xds_max_msg_bytes": 0,
 }
+# Settings given as durations: seconds, or Go's forms (`10s`, `1m30s`, `500ms`), as the
+# reference's variables are written (rls.config.xds.options.parse_duration).
+DURATIONS = frozenset(
+    {"xds_connect_retry_interval", "xds_backoff_initial", "xds_backoff_max"}
+)
 
 
 class SettingError(ValueError):

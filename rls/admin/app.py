@@ -39,6 +39,10 @@ class AdminState:
         self.config = config
         self.draining = False
         self.store_ready = True  # the server sets False until the store accepted rls
+        # HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: /healthcheck fails while no domain is loaded
+        self.require_domain = False
+        # Where the config comes from, for /rlconfig?format=json (the xDS client's status)
+        self.config_source: Callable[[], dict[str, object]] | None = None
 
 
 # aiohttp server options of the admin listener (web.AppRunner keyword arguments): idle
@@ -68,8 +72,11 @@ async def healthcheck(request: web.Request) -> web.Response:
     state: AdminState = request.app["state"]
     if state.draining:
         return web.Response(status=503, text="draining\n")
-    if state.config() is None:
+    config = state.config()
+    if config is None:
         return web.Response(status=500, text="")
+    if state.require_domain and not config.domains:
+        return web.Response(status=500, text="no domain loaded\n")
     if not state.store_ready:
         return web.Response(status=500, text="store not ready\n")
     problem = worker_problem()  # --workers: a sibling worker down or crash-looping
@@ -102,6 +109,8 @@ async def rlconfig(request: web.Request) -> web.Response:
                 },
                 "limits": [_limit_json(limit) for limit in config.all_limits()],
                 "switches": switch_state(state.service.settings),
+                "source": state.config_source() if state.config_source is not None
+                else {"type": "FILE"},
             }
         )
     lines = []

@@ -212,6 +212,24 @@ def _add_file(draft: _ConfigDraft, file: str, read: Callable[[], Any]) -> None:
         raise ConfigError(file, _TOO_DEEP) from None
 
 
+def load_documents(
+    docs: Iterable[tuple[str, Any]], merge_domains: bool = False,
+    budget: LoadBudget | None = None,
+) -> RateLimitConfig:
+    """Build a config from (name, parsed document) pairs that did not come from YAML text
+    (xDS resources, rls.config.xds.convert): the same checks as files, within `budget`'s
+    time; ConfigError naming the bad document."""
+    budget = budget or LoadBudget()
+    draft = _ConfigDraft(merge_domains)
+    for name, doc in docs:
+        budget.check_time(name)
+        try:
+            draft.add(name, doc)
+        except RecursionError:
+            raise ConfigError(name, _TOO_DEEP) from None
+    return draft.build()
+
+
 _TOO_DEEP = "config error, nesting too deep (or a YAML anchor that contains itself)"
 
 

@@ -219,14 +219,20 @@ class ConfigHolder:
             return False
         return self._apply(*outcome)
 
+    def apply(self, result: RateLimitConfig | ConfigError, label: str) -> bool:
+        """Swap in a config built elsewhere (rls.config.xds), or record its error, exactly as
+        a reload does; `label` stands for the file in rls_config_last_load_error (a bounded
+        name: a control plane's resource names are not)."""
+        return self._apply(self._fingerprint, result, label=label)
+
     def _apply(self, fp: Fingerprint, result: RateLimitConfig | ConfigError,
-               log_error: bool = True) -> bool:
+               log_error: bool = True, label: str | None = None) -> bool:
         self._fingerprint = fp
         if isinstance(result, ConfigError):
             self.last_error = problems_line(result)  # each with its location
             self.metrics.config_loads.labels("error").inc()
-            self.metrics.config_error.labels(result.file).set(1)
-            self._error_files.add(result.file)
+            self.metrics.config_error.labels(label or result.file).set(1)
+            self._error_files.add(label or result.file)
             keeping = "; keeping previous config" if self.config is not None else ""
             if log_error:
                 log.error("error loading new configuration: %s%s", self.last_error, keeping)
@@ -240,8 +246,9 @@ class ConfigHolder:
         self.metrics.config_loads.labels("success").inc()
         self.metrics.prepare_domains(config.domains)
         log.info(
-            "config loaded: %d descriptor file(s), domains: %s%s",
+            "config loaded: %d %s, domains: %s%s",
             len(config.files),
+            "descriptor file(s)" if label is None else f"{label} resource(s)",
             one_line(", ".join(sorted(config.domains)) or "(none)"),
             _skipped(config),
         )

@@ -62,6 +62,11 @@ def _metric_names() -> set[str]:
         pass
     else:
         registries.append(CacheMetrics(CollectorRegistry()).registry)
+    from rls.config.xds.client import XdsMetrics
+
+    xds_registry = CollectorRegistry()
+    XdsMetrics(xds_registry)
+    registries.append(xds_registry)
     for registry in registries:
         for family in registry.collect():
             suffix = "_total" if family.type == "counter" else ""

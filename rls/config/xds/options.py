@@ -1,0 +1,100 @@
+"""The xDS client's settings in the reference's forms: `k1:v1,k2:v2` lists, Go durations, and
+the reconnect back-off."""
+
+from __future__ import annotations
+
+import random
+import re
+
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from `10s`, `1m30s`, `500ms`, `1.5h` (Go's time.ParseDuration) or a plain number
+    of seconds; ValueError otherwise."""
+    raw = text.strip()
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    body = raw.removeprefix("+")
+    parts = _GO_PART.findall(body)
+    if not parts or "".join(n + u for n, u in parts) != body:
+        raise ValueError(f"{text!r} is not a duration (e.g. 10s, 1m30s, 500ms)")
+    return sum(float(number) * _GO_UNITS[unit] for number, unit in parts)
+
+
+def parse_pairs(text: str, separators: str = ":") -> dict[str, str]:
+    """`k1:v1,k2:v2` as a dict; each entry is split at its first character in `separators`
+    (node metadata takes `k=v` too, as the reference's parser does). Empty entries are
+    skipped; an entry without a separator or with an empty key is a ValueError naming it."""
+    pairs: dict[str, str] = {}
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        cut = min((i for i in (entry.find(s) for s in separators) if i >= 0), default=-1)
+        if cut <= 0:
+            shown = " or ".join(f"key{s}value" for s in separators)
+            raise ValueError(f"entry {entry!r} is not {shown}")
+        pairs[entry[:cut].strip()] = entry[cut + 1 :].strip()
+    return pairs
+
+
+class Backoff:
+    """Jittered exponential back-off between reconnects: `initial`, doubling up to `maximum`,
+    each delay drawn within ±`random_factor` of its value when `jitter` is on. `reset()` after
+    a stream that delivered a response (the next loss starts from `initial` again)."""
+
+    def __init__(
+        self, initial: float, maximum: float, random_factor: float, jitter: bool,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.initial = initial
+        self.maximum = max(maximum, initial)
+        self.random_factor = min(random_factor, 1.0)
+        self.jitter = jitter
+        self.attempt = 0
+        self.rng = rng or random.Random()
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+    def next(self) -> float:
+        base = min(self.maximum, self.initial * 2.0 ** min(self.attempt, 62))
+        self.attempt += 1
+        if not self.jitter or self.random_factor <= 0:
+            return base
+        spread = base * self.random_factor
+        return min(self.maximum, max(0.0, base - spread + self.rng.random() * 2 * spread))
+
+
+# `rls serve` flags of the xDS client (rls.cli.FLAGS); each also reads RLS_<NAME> and the
+# reference's variable (rls.settings.REFERENCE_ENV).
+XDS_FLAGS = {
+    "config_type": "where limits come from: FILE (--config) or GRPC_XDS_SOTW (a control "
+    "plane over xDS)",
+    "xds_server_url": "xDS management server host:port",
+    "xds_node_id": "node id sent to the management server",
+    "xds_node_metadata": "node metadata, k1:v1,k2:v2",
+    "xds_additional_headers": "gRPC metadata on the xDS stream, k1:v1,k2:v2",
+    "xds_server_use_tls": "TLS to the management server",
+    "xds_client_tls_cert": "client certificate (PEM) for mTLS to the management server",
+    "xds_client_tls_key": "its private key (PEM)",
+    "xds_server_tls_cacert": "CA bundle (PEM) the management server's certificate must chain "
+    "to; '' = system roots",
+    "xds_server_tls_san": "name the management server's certificate must carry (default: the "
+    "URL's host)",
+    "xds_connect_retry_interval": "wait between attempts to reach the management server "
+    "(seconds or 3s, 1m)",
+    "xds_backoff_initial": "first wait before reopening a lost xDS stream (seconds or 10s)",
+    "xds_backoff_max": "longest wait before reopening a lost xDS stream (seconds or 60s)",
+    "xds_backoff_random_factor": "each wait is drawn within ± this share of its value",
+    "xds_backoff_jitter": "randomise the waits (on/off)",
+    "xds_max_msg_bytes": "largest xDS response accepted (0 = 4 MiB)",
+    "force_start_without_initial_config": "xDS: serve before the first config arrives "
+    "(every call OK until then)",
+    "healthy_with_at_least_one_config_loaded": "health says not serving until a config with "
+    "a domain is in force",
+}
