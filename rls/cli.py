@@ -25,12 +25,14 @@ from rls.response_cache import check_cache_file, is_cache_file
 from rls.settings import (
     CHOICES,
     REFERENCE_ENV,
+    REFERENCE_ENV_FALLBACK,
     SettingError,
     Settings,
     env_source,
     env_value,
     parse_bool,
 )
+from rls.tls import startup_problem as tls_startup_problem
 from rls.top_cli import add_parser as add_top_parser
 
 # Settings exposed as flags: name -> help. Every flag also reads RLS_<NAME>.
@@ -86,6 +88,11 @@ FLAGS = {
     "decision_log_max_bytes": "decision log file size before it rotates (one backup kept)",
     "extproc_addr": "ext_proc (response cache) listen address; --grpc-addr's value: same port",
     "max_concurrent_streams": "concurrent gRPC streams per client connection",
+    "grpc_tls": "serve TLS on every gRPC listener (on/off); files re-read when they change",
+    "grpc_tls_cert": "gRPC TLS certificate (chain) PEM file",
+    "grpc_tls_key": "gRPC TLS private key PEM file",
+    "grpc_tls_client_ca": "CA PEM file: client certificates required and verified (mTLS)",
+    "grpc_tls_client_san": "a SAN every client certificate must carry (needs a client CA)",
 }
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"
@@ -105,6 +112,8 @@ def _env_names(name: str) -> str:
     names = [f"RLS_{name.upper()}"]
     if name in REFERENCE_ENV:
         names.append(REFERENCE_ENV[name])
+    if name in REFERENCE_ENV_FALLBACK:
+        names.append(REFERENCE_ENV_FALLBACK[name])
     return " or ".join(names)
 
 
@@ -372,6 +381,9 @@ def startup_problem(settings: Settings) -> str | None:
     """
     if settings.cache_config and not os.path.isfile(settings.cache_config):
         return f"--cache-config: {settings.cache_config}: no such file"
+    tls_problem = tls_startup_problem(settings)
+    if tls_problem is not None:
+        return tls_problem
     if settings.allow_empty_config:
         return None
     if not settings.config:

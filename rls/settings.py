@@ -25,7 +25,15 @@ REFERENCE_ENV = {
     "log_format": "LOG_FORMAT",
     "response_headers": "LIMIT_RESPONSE_HEADERS_ENABLED",
     "dynamic_metadata": "RESPONSE_DYNAMIC_METADATA",
+    "grpc_tls": "GRPC_SERVER_USE_TLS",
+    "grpc_tls_cert": "GRPC_SERVER_TLS_CERT",
+    "grpc_tls_key": "GRPC_SERVER_TLS_KEY",
+    "grpc_tls_client_ca": "GRPC_CLIENT_TLS_CACERT",
+    "grpc_tls_client_san": "GRPC_CLIENT_TLS_SAN",
 }
+# Read after the REFERENCE_ENV name. Envoy Gateway mounts its CA as GRPC_SERVER_TLS_CA_CERT, a
+# name the reference never reads: rls honours it as the client CA (mTLS; docs/admin.md).
+REFERENCE_ENV_FALLBACK = {"grpc_tls_client_ca": "GRPC_SERVER_TLS_CA_CERT"}
 
 
 @dataclass(slots=True)
@@ -100,6 +108,13 @@ class Settings:
     # Concurrent streams per HTTP/2 connection on every gRPC listener (a client that opens
     # more waits for one to end; Envoy opens another connection).
     max_concurrent_streams: int = 1024
+    # TLS on every gRPC listener (rls/tls.py): certificate and key files, re-read when they
+    # change. A client CA makes client certificates required (mTLS); a SAN, that name in them.
+    grpc_tls: bool = False
+    grpc_tls_cert: str = ""
+    grpc_tls_key: str = ""
+    grpc_tls_client_ca: str = ""
+    grpc_tls_client_san: str = ""
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
@@ -140,6 +155,19 @@ class Settings:
             raise SettingError("redis_url", str(exc)) from None
         for name, schemes in URL_SCHEMES.items():
             _check_url(name, getattr(self, name), schemes)
+        self._check_tls()
+
+    def _check_tls(self) -> None:
+        """TLS needs both files; a SAN can only be checked in a client certificate."""
+        if not self.grpc_tls:
+            return
+        for name in ("grpc_tls_cert", "grpc_tls_key"):
+            if not getattr(self, name):
+                raise SettingError(name, "is required when gRPC TLS is on")
+        if self.grpc_tls_client_san and not self.grpc_tls_client_ca:
+            raise SettingError(
+                "grpc_tls_client_san", "needs a client CA (client certificates required)"
+            )
 
 
 def _check_url(name: str, url: str, schemes: tuple[str, ...]) -> None:
@@ -222,7 +250,7 @@ class SettingError(ValueError):
 def env_source(name: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
     """(variable, value) of the environment variable a setting is read from, if any is set."""
     env = os.environ if environ is None else environ
-    for var in (f"RLS_{name.upper()}", REFERENCE_ENV.get(name)):
+    for var in (f"RLS_{name.upper()}", REFERENCE_ENV.get(name), REFERENCE_ENV_FALLBACK.get(name)):
         if var is not None and var in env:
             return var, env[var]
     return None
@@ -244,6 +272,8 @@ def env_value(name: str, environ: dict[str, str] | None = None) -> str | None:
     value = env.get(f"RLS_{name.upper()}")
     if value is None and name in REFERENCE_ENV:
         value = env.get(REFERENCE_ENV[name])
+    if value is None and name in REFERENCE_ENV_FALLBACK:
+        value = env.get(REFERENCE_ENV_FALLBACK[name])
     return value
 
 
