@@ -89,3 +89,38 @@ class CertAuthority:
                 "-keyfile", "ca.key", "-in", f"{name}.csr", "-out", f"{name}.crt",
                 "-extfile", ext.name, *dates, cwd=d)
         return Issued(d / f"{name}.crt", d / f"{name}.key")
+
+
+class SecretMount:
+    """A directory laid out as Kubernetes mounts a Secret, and updated as the kubelet does:
+    `tls.crt -> ..data/tls.crt`, `..data -> ..<timestamp>`; an update writes a new timestamped
+    directory, points `..data_tmp` at it and renames that over `..data` (one atomic swap),
+    then removes the old directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.generation = 0
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def path(self, name: str) -> Path:
+        return self.directory / name
+
+    def write(self, files: dict[str, bytes]) -> None:
+        self.generation += 1
+        d = self.directory
+        new = d / f"..2026_11_28_00_00_{self.generation:02d}"
+        new.mkdir()
+        for name, data in files.items():
+            (new / name).write_bytes(data)
+        old = (d / "..data").resolve() if (d / "..data").is_symlink() else None
+        tmp = d / "..data_tmp"
+        tmp.symlink_to(new.name)
+        tmp.replace(d / "..data")
+        for name in files:
+            link = d / name
+            if not link.is_symlink():
+                link.symlink_to(f"..data/{name}")
+        if old is not None:
+            for child in old.iterdir():
+                child.unlink()
+            old.rmdir()
