@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SHIPPED_DIR = "/etc/envoy/rls-tls/"  # where the shipped blocks read Envoy's files
+SHIPPED_DIR = "/etc/envoy/rls-tls/"  # where the blocks in envoy/ read Envoy's files
+HELM_DIR = "/etc/envoy-rls-tls/"  # where the Helm chart's sidecar reads them
 BLOCK_START = "# transport_socket:"
 
 
-def enable_mtls(text: str, cert_dir: Path) -> str:
+def enable_mtls(text: str, cert_dir: Path, shipped_dir: str = SHIPPED_DIR) -> str:
     """`text` with every commented `transport_socket` block uncommented (the `# ` after the
     indentation removed) and the shipped certificate directory replaced by `cert_dir`."""
     out: list[str] = []
@@ -26,4 +27,4 @@ def enable_mtls(text: str, cert_dir: Path) -> str:
             line = line[:indent] + stripped[2:]
         out.append(line)
     assert found, "no commented transport_socket block in the config"
-    return "".join(out).replace(SHIPPED_DIR, f"{cert_dir}/")
+    return "".join(out).replace(shipped_dir, f"{cert_dir}/")
