@@ -365,8 +365,7 @@ class Server:
         when the address cannot be bound."""
         settings = self.settings
         server = grpc.aio.server(
-            interceptors=(self.tls.interceptors() if self.tls else [])
-            + interceptors(settings.grpc_token),
+            interceptors=interceptors(settings.grpc_token),
             options=[
                 ("grpc.max_receive_message_length", max_message),
                 ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
@@ -374,7 +373,7 @@ class Server:
                 ("grpc.so_reuseport", 1 if shared_dir() is not None else 0),
             ],
         )
-        server.add_generic_rpc_handlers(handlers)
+        server.add_generic_rpc_handlers(self.tls.guard(handlers) if self.tls else handlers)
         try:
             port = add_port(server, addr, self.tls)
         except RuntimeError as exc:  # grpc raises when the address is taken

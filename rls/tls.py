@@ -13,9 +13,9 @@ exit 2 naming the file (cli.startup_problem).
 
 Client certificates (a client CA set) are required and verified in the handshake, so a client
 without one, with one from another CA or expired is refused before any call. grpc cannot check
-a SAN in the handshake: with a required SAN every call checks the peer's certificate (grpc's
-auth context) and one without that SAN is refused UNAUTHENTICATED (rls/tls_refusals.py counts
-both kinds of refusal).
+a SAN in the handshake: with a required SAN every call but health checks the peer's certificate
+(grpc's auth context) and one without that SAN is refused UNAUTHENTICATED
+(rls/tls_refusals.py counts both kinds of refusal).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rls.settings import REFERENCE_ENV, REFERENCE_ENV_FALLBACK, Settings, env_source
-from rls.tls_refusals import REASONS, HandshakeLog, SanInterceptor
+from rls.tls_refusals import REASONS, HandshakeLog, guarded
 
 log = logging.getLogger("rls.tls")
 
@@ -216,9 +216,12 @@ class GrpcTls:
             self.configuration, _Fetcher(self), require_client_authentication=self.mutual
         )
 
-    def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+    def guard(
+        self, handlers: tuple[grpc.GenericRpcHandler, ...]
+    ) -> tuple[grpc.GenericRpcHandler, ...]:
+        """`handlers`, refusing calls without the required SAN when one is set."""
         san = self.settings.grpc_tls_client_san
-        return [SanInterceptor(san, self.metrics.refused.labels("wrong_san"))] if san else []
+        return guarded(handlers, san, self.metrics.refused.labels("wrong_san")) if san else handlers
 
     def describe(self) -> str:
         """The start-up line: what is served and what is required of clients."""
@@ -276,8 +279,9 @@ class GrpcTls:
         while True:
             try:
                 async for _changes in watchfiles.awatch(
-                    *dirs, recursive=False, debounce=200, step=50,
+                    *dirs, watch_filter=None, recursive=False, debounce=200, step=50,
                     rust_timeout=int(poll * 1000), yield_on_timeout=True,
+                    ignore_permission_denied=True,
                 ):
                     self.reload()
             except (OSError, RuntimeError) as exc:  # a directory gone; poll until it is back

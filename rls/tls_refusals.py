@@ -8,7 +8,7 @@ front of file descriptor 2: every byte is passed on unchanged to the real stderr
 those lines are counted. grpc writes them at INFO: with GRPC_VERBOSITY=ERROR (or NONE) they
 are not written, and not counted.
 
-SAN refusals: grpc cannot require a SAN in the handshake, so SanInterceptor checks the peer's
+SAN refusals: grpc cannot require a SAN in the handshake, so SanGuard checks the peer's
 certificate (grpc's auth context) at every call and refuses one without it UNAUTHENTICATED.
 """
 
@@ -20,7 +20,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -126,35 +126,42 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 SAN_DENIED = "the client certificate does not carry the required SAN"
+SAN_PROPERTY = "x509_subject_alternative_name"
+MAX_METHODS = 256  # wrapped handlers kept per listener (methods are few; unknown ones bounded)
 
 
-def _has_san(context: grpc.aio.ServicerContext, san: bytes) -> bool:
-    names = context.auth_context().get("x509_subject_alternative_name") or ()
-    return san in names
+class SanGuard(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """The handlers of `inner`, each refusing (UNAUTHENTICATED) a call whose client certificate
+    lacks the SAN (any kind: DNS, URI, e-mail, IP, compared as written).
 
+    A wrapper of the handlers rather than a server interceptor: grpc.aio runs interceptors as
+    extra coroutines on every call; here a method's wrapped handler is made once, and a call
+    pays one check of the peer's identities (grpc's auth context, the SAN list)."""
 
-class SanInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Refuses (UNAUTHENTICATED) every call whose client certificate lacks the SAN (any kind:
-    DNS, URI, e-mail, IP, compared as written)."""
-
-    def __init__(self, san: str, refused: Any) -> None:
+    def __init__(self, inner: grpc.GenericRpcHandler, san: str, refused: Any) -> None:
+        self.inner = inner
         self.san = san.encode()
         self.refused = refused  # the counter child of reason wrong_san
+        self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None:
-            return handler
-        return _checked(handler, self._check)
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = details.method
+        if method in self._handlers:
+            return self._handlers[method]
+        handler = self.inner.service(details)
+        wrapped = None if handler is None else _checked(handler, self._check)
+        if len(self._handlers) < MAX_METHODS:
+            self._handlers[method] = wrapped
+        return wrapped
 
     async def _check(self, context: grpc.aio.ServicerContext) -> None:
-        if not _has_san(context, self.san):
-            self.refused.inc()
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, SAN_DENIED)
+        # peer_identities() lists the SANs only when the certificate has some (else the CN).
+        if context.peer_identity_key() == SAN_PROPERTY and self.san in (
+            context.peer_identities() or ()
+        ):
+            return
+        self.refused.inc()
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, SAN_DENIED)
 
 
 def _checked(
@@ -188,3 +195,9 @@ def _checked(
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
+
+
+def guarded(
+    handlers: Sequence[grpc.GenericRpcHandler], san: str, refused: Any
+) -> tuple[grpc.GenericRpcHandler, ...]:
+    return tuple(SanGuard(handler, san, refused) for handler in handlers)

@@ -85,11 +85,12 @@ def test_a_certificate_without_the_required_san_is_refused_unauthenticated_at_ea
     before = metric(mtls_rls.http_url, REFUSED, reason="wrong_san")
     with channel(mtls_rls.grpc_addr, pki.ca.cert, pki.wrong_san) as ch:
         assert connects(ch)  # grpc cannot check a SAN in the handshake
-        for call in (lambda: should_rate_limit(ch, TOKEN), lambda: health(ch)):
+        for _ in range(2):  # every call, not only the first
             with pytest.raises(grpc.RpcError) as refused:
-                call()
+                should_rate_limit(ch, TOKEN)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert "SAN" in (refused.value.details() or "")
+        assert health(ch) == 1  # health stays open, as with the token (probes)
     with channel(mtls_rls.extproc_addr, pki.ca.cert, pki.wrong_san) as ch:
         assert extproc_code(ch, TOKEN) == grpc.StatusCode.UNAUTHENTICATED
     assert metric(mtls_rls.http_url, REFUSED, reason="wrong_san") == before + 3
@@ -161,3 +162,16 @@ def test_a_missing_or_wrong_file_at_start_exits_2_naming_the_file(
 ])
 def test_grpc_handshake_lines_map_to_reasons(line: bytes, reason: str | None) -> None:
     assert handshake_reason(line) == reason
+
+
+def test_rls_with_tls_drains_on_sigterm_and_its_last_log_lines_still_reach_stderr(
+    rls_factory: Callable[..., Any], pki: Pki
+) -> None:
+    """stderr passes through rls's pipe (handshake counting): nothing written at exit is lost."""
+    rls = rls_factory(EXAMPLE, args=pki.server_args(san=False))
+    with channel(rls.grpc_addr, None) as ch:
+        assert not connects(ch, timeout=1.0)  # one grpc handshake line through the pipe
+    assert rls.stop() == 0
+    log = rls.log()
+    assert "WRONG_VERSION_NUMBER" in log
+    assert log.rstrip().endswith("stopped"), log[-500:]
