@@ -12,7 +12,15 @@ import grpc
 from support.certs import CertAuthority, Issued, SecretMount
 from support.waiting import wait_until
 
-from .helpers import Pki, channel, der_of, metric, presented_certificate, should_rate_limit
+from .helpers import (
+    Pki,
+    channel,
+    connects,
+    der_of,
+    metric,
+    presented_certificate,
+    should_rate_limit,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "example.yaml"
@@ -109,3 +117,23 @@ def test_a_broken_new_pair_is_refused_in_one_log_line_and_the_old_pair_stays(
         lambda: presented_certificate(rls.grpc_port, pki.ca.cert, pki.client)
         == der_of(renewed.cert), 10, "the fixed pair in force", log=rls.log)
     assert metric(rls.http_url, RELOADS, result="success") == 1
+
+
+def test_a_new_client_ca_decides_who_new_connections_admit(
+    rls_factory: Callable[..., Any], pki: Pki, tmp_path: Path
+) -> None:
+    mount = SecretMount(tmp_path / "certs")
+    _secret(mount, pki.server, pki.ca)
+    rls = _start(rls_factory, mount)
+    other_ca = pki.stranger.cert.parent / "ca.crt"  # the CA that issued `stranger`
+    with channel(rls.grpc_addr, pki.ca.cert, pki.stranger) as ch:
+        assert not connects(ch, timeout=1.0)
+    mount.write({"tls.crt": pki.server.cert.read_bytes(), "tls.key": pki.server.key.read_bytes(),
+                 "ca.crt": other_ca.read_bytes()})
+
+    def admitted(client: Issued) -> bool:
+        with channel(rls.grpc_addr, pki.ca.cert, client) as ch:
+            return connects(ch, timeout=1.0)
+
+    wait_until(lambda: admitted(pki.stranger), 10, "the new CA's client admitted", log=rls.log)
+    assert not admitted(pki.client)  # the old CA's client: refused on a new connection
