@@ -70,8 +70,12 @@ class HandshakeLog:
         if self._saved is not None:
             return
         sys.stderr.flush()
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr at all: grpc's lines go nowhere, nothing to count
+            return
         read_end, write_end = os.pipe()
-        self._saved = os.dup(2)
+        self._saved = saved
         os.dup2(write_end, 2)
         os.close(write_end)
         self._thread = threading.Thread(
