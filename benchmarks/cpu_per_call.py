@@ -19,6 +19,17 @@ Variants:
 Load: h2load -n N -c C -m M of one pre-serialized request (1 descriptor by default, never over
 its limit). Redis: one redis-server for all Redis variants (they never run at once).
 
+TLS (`--tls`): also `tree <store> tls` (rls with --grpc-tls, no client certificates),
+`tree <store> mtls` (client certificates required) and `tree <store> mtls+san` (and a SAN
+checked at each call), with certificates made by openssl
+(tests/support/certs.py). h2load speaks TLS but cannot present a client certificate, so the
+mtls variants need `--load grpc`: every variant is then loaded by benchmarks/grpc_load.py (a
+grpc.aio client with certificates), the same generator for all, so their server CPU per call
+compares; the client's own CPU is far higher than h2load's and shares the machine.
+
+    python benchmarks/cpu_per_call.py --tls --load grpc --stores memory -n 20000
+    python benchmarks/cpu_per_call.py --tls --stores memory     # plaintext vs TLS, h2load
+
     python benchmarks/cpu_per_call.py --compare aa7ce0d --compare c9b4b14
     python benchmarks/cpu_per_call.py --quick        # a smoke run (a few seconds per variant)
 """
@@ -26,8 +37,10 @@ its limit). Redis: one redis-server for all Redis variants (they never run at on
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,9 +49,11 @@ from _common import (
     DESCRIPTORS,
     METHOD,
     NO_FAILURE_ANSWERS,
+    PYTHON,
     ROOT,
     FailureModeAnswers,
     FloorProc,
+    H2Result,
     Proc,
     RlsProc,
     check_grpc_ok,
@@ -74,6 +89,50 @@ class Variant:
     cpu_us: list[float] = field(default_factory=list)
     rps: list[float] = field(default_factory=list)
     fm: FailureModeAnswers = field(default_factory=lambda: NO_FAILURE_ANSWERS)
+    tls: list[str] | None = None  # grpc_load.py's TLS arguments; None: plaintext
+
+
+def tls_setup(d: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """Per TLS variant: (rls serve flags, grpc_load.py flags); certificates made by openssl."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support.certs import CertAuthority
+
+    ca = CertAuthority.create(d / "pki")
+    san = "spiffe://bench/client"
+    server, client = ca.issue("server"), ca.issue("client", sans=(f"URI:{san}",), client=True)
+    served = ["--grpc-tls", "on", "--grpc-tls-cert", str(server.cert),
+              "--grpc-tls-key", str(server.key)]
+    trust = ["--ca", str(ca.cert), "--sni", "localhost"]
+    mutual = [*served, "--grpc-tls-client-ca", str(ca.cert)]
+    presented = [*trust, "--cert", str(client.cert), "--key", str(client.key)]
+    return {
+        "tls": (served, trust),
+        "mtls": (mutual, presented),
+        "mtls+san": ([*mutual, "--grpc-tls-client-san", san], presented),
+    }
+
+
+def grpc_load(v: Variant, message: Path, args: argparse.Namespace, requests: int) -> H2Result:
+    """benchmarks/grpc_load.py against one variant, as an H2Result (same checks)."""
+    cmd = [PYTHON, str(ROOT / "benchmarks" / "grpc_load.py"), f"127.0.0.1:{v.port}",
+           str(message), "-n", str(requests), "-c", str(args.clients), "-m", str(args.streams),
+           *(v.tls or [])]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"grpc_load {v.name} failed: {done.stderr}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return H2Result(v.name, out["total"], out["ok"], out["errors"], 0, 0, out["ok"],
+                    out["elapsed_s"], out["rps"], command=cmd)
+
+
+def load(v: Variant, body: Path, args: argparse.Namespace, log_dir: Path,
+         requests: int) -> H2Result:
+    """One closed-loop run of `requests` calls with the chosen generator."""
+    if args.load == "grpc":
+        return grpc_load(v, body.with_suffix(".msg"), args, requests)
+    scheme = "https" if v.tls is not None else "http"
+    return h2load(f"{scheme}://127.0.0.1:{v.port}{METHOD}", body, clients=args.clients,
+                  streams=args.streams, requests=requests, label=v.name, log_dir=log_dir)
 
 
 def revision_tree(rev: str, base: Path) -> tuple[str, Path]:
@@ -112,8 +171,7 @@ def loop_of(code: Path | None, extra: list[str]) -> str:
 def measure(v: Variant, body: Path, args: argparse.Namespace, log_dir: Path) -> None:
     before = v.rls.metrics() if v.rls else None
     cpu0 = process_cpu_s(v.proc.pid)
-    res = h2load(f"http://127.0.0.1:{v.port}{METHOD}", body, clients=args.clients,
-                 streams=args.streams, requests=args.requests, label=v.name, log_dir=log_dir)
+    res = load(v, body, args, log_dir, args.requests)
     cpu = process_cpu_s(v.proc.pid) - cpu0
     res.check()
     v.cpu_us.append(cpu * 1e6 / max(res.total, 1))
@@ -139,6 +197,11 @@ def main() -> None:
     parser.add_argument("--rls-arg", action="append", default=[], metavar="ARG",
                         help="extra `rls serve` argument for this tree's rls (repeatable)")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 4,000 calls")
+    parser.add_argument("--tls", action="store_true",
+                        help="also this tree's rls over TLS and (with --load grpc) mTLS")
+    parser.add_argument("--load", choices=("h2load", "grpc"), default="h2load",
+                        help="load generator: h2load, or benchmarks/grpc_load.py (needed to "
+                        "present a client certificate)")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.requests = 2, 4_000
@@ -149,6 +212,10 @@ def main() -> None:
     redis = start_redis(d) if "redis" in stores else None
     descriptors = DESCRIPTORS[2:] if args.descriptors == 1 else DESCRIPTORS
     body = write_frame(d / "request.bin", request_bytes("bench", descriptors))
+    body.with_suffix(".msg").write_bytes(request_bytes("bench", descriptors))
+    tls = tls_setup(d) if args.tls else {}
+    if args.load == "h2load":  # h2load cannot present a client certificate
+        tls = {kind: v for kind, v in tls.items() if kind == "tls"}
 
     variants: list[Variant] = []
     floors: dict[str, FloorProc] = {}
@@ -170,12 +237,18 @@ def main() -> None:
                 name = f"{label} {store}"
                 rls = start_rls_at(cfg, d, name, code, url, extra)
                 variants.append(Variant(name, loop_of(code, extra), rls, rls.grpc_port, rls))
+                if code is not None or label != "tree":
+                    continue
+                for kind, (served, client) in tls.items():
+                    rls = start_rls_at(cfg, d, f"{name} {kind}", code, url, [*extra, *served])
+                    variants.append(Variant(f"{name} {kind}", loop_of(code, extra), rls,
+                                            rls.grpc_port, rls, tls=client))
         for v in variants:  # one real call each (grpc-status 0), then a warm-up
-            check_grpc_ok(f"127.0.0.1:{v.port}", request_bytes("bench", descriptors))
-            assert grpc_call(f"127.0.0.1:{v.port}", request_bytes("bench", descriptors))[0] == 0
-            h2load(f"http://127.0.0.1:{v.port}{METHOD}", body, clients=args.clients,
-                   streams=args.streams, requests=max(2_000, args.requests // 10),
-                   log_dir=d).check()
+            if v.tls is None:
+                check_grpc_ok(f"127.0.0.1:{v.port}", request_bytes("bench", descriptors))
+                assert grpc_call(f"127.0.0.1:{v.port}",
+                                 request_bytes("bench", descriptors))[0] == 0
+            load(v, body, args, d, max(2_000, args.requests // 10)).check()
         for r in range(args.rounds):
             order = variants[r % len(variants):] + variants[: r % len(variants)]
             for v in order:
@@ -215,7 +288,7 @@ def main() -> None:
                      f"{max(v.cpu_us):.0f}", f"{floor_cpu[v.loop] / cpu:.2f}", f"{rps:.0f}",
                      f"{rps / floor_rps[v.loop]:.2f}", "-" if fm is None else fm.count,
                      validity(fm)])
-    title = (f"Server CPU per call, paired: h2load -n {args.requests} -c {args.clients} "
+    title = (f"Server CPU per call, paired: {args.load} -n {args.requests} -c {args.clients} "
              f"-m {args.streams}, {args.rounds} rounds, {args.descriptors}-descriptor request")
     text = table(["variant", "loop", "CPU µs min", "median", "max", "x floor (CPU)", "req/s",
                   "x floor (req/s)", "failure-mode answers", "valid"], rows, title)

@@ -21,10 +21,15 @@ Envoy's failure_mode_deny: false let the request through: `failure_mode_allowed`
 rls runs with its production defaults (`--rls-arg` adds `rls serve` arguments).
 Variants run interleaved for `--rounds` rounds (median req/s).
 
+`--mtls` adds `rls memory mtls`: rls with --grpc-tls and client certificates required (and a
+required SAN), Envoy's ratelimit_service cluster with the UpstreamTlsContext shipped commented
+in envoy/gateway.yaml, uncommented (certificates made by openssl, tests/support/certs.py).
+
 performance targets (per-request mode): rls memory >= 0.50 x and rls Redis >= 0.40 x Envoy
 without limiting, with 0 failure-mode answers.
 
     python benchmarks/envoy_e2e.py [--quick] [--duration 5] [--rounds 2] [--connections 8]
+    python benchmarks/envoy_e2e.py --mtls --rounds 4          # + rls over mTLS
 """
 
 from __future__ import annotations
@@ -40,21 +45,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from _common import (
     BENCH_CONFIG,
     NO_FAILURE_ANSWERS,
     ROOT,
     FailureModeAnswers,
+    RlsProc,
     failure_mode_answers,
     fm_cell,
+    http_get,
     installed,
     median,
     metric_sum,
     print_targets,
+    rls_command,
+    spawn,
     start_redis,
     start_rls,
     table,
     target_result,
+    wait_until,
     workdir,
     write_config,
     write_results,
@@ -180,6 +191,42 @@ def gateway_variant(variant: str, rls_port: int | None, listener: int, admin: in
     return config
 
 
+MTLS_SAN = "spiffe://bench/envoy"
+
+
+def mtls_setup(d: Path) -> tuple[list[str], dict[str, Any]]:
+    """(rls serve flags, Envoy's transport_socket for the ratelimit_service cluster): the block
+    shipped commented in envoy/gateway.yaml, uncommented, reading files made by openssl."""
+    from support.certs import CertAuthority
+    from tls.envoy_tls import enable_mtls
+
+    ca = CertAuthority.create(d / "pki")
+    server = ca.issue("rls", sans=("DNS:rls.internal", "IP:127.0.0.1"))
+    client = ca.issue("envoy", sans=(f"URI:{MTLS_SAN}",), client=True)
+    envoy_dir = d / "envoy-tls"
+    envoy_dir.mkdir(exist_ok=True)
+    for name, source in (("tls.crt", client.cert), ("tls.key", client.key), ("ca.crt", ca.cert)):
+        (envoy_dir / name).write_bytes(source.read_bytes())
+    text = enable_mtls((ROOT / "envoy" / "gateway.yaml").read_text(), envoy_dir)
+    clusters = yaml.safe_load(text)["static_resources"]["clusters"]
+    socket = next(c for c in clusters if c["name"] == "ratelimit_service")["transport_socket"]
+    flags = ["--grpc-tls", "on", "--grpc-tls-cert", str(server.cert), "--grpc-tls-key",
+             str(server.key), "--grpc-tls-client-ca", str(ca.cert),
+             "--grpc-tls-client-san", MTLS_SAN]
+    return flags, socket
+
+
+def start_tls_rls(config: Path, d: Path, extra: list[str]) -> RlsProc:
+    """start_rls without its plaintext gRPC check (Envoy's warm-up checks the chain)."""
+    grpc_port, http_port = free_port(), free_port()
+    base = spawn(rls_command(config, grpc_port, http_port, None, extra),
+                 f"rls-memory-mtls-{grpc_port}", d)
+    rls = RlsProc(base.proc, base.log_path, base.name, grpc_port, http_port)
+    wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200, 20,
+               "rls mtls /healthcheck", base.proc, base.log_path)
+    return rls
+
+
 def ratelimit_stats(envoy: Envoy) -> dict[str, int]:
     c = envoy.counters("cluster.backend.ratelimit.")
     return {k.rsplit(".", 1)[1]: v for k, v in c.items()}
@@ -210,6 +257,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8, help="wrk -c")
     parser.add_argument("--rls-arg", action="append", default=[], metavar="ARG",
                         help="extra `rls serve` argument, repeatable; default: none")
+    parser.add_argument("--mtls", action="store_true",
+                        help="also rls (memory) over mTLS from Envoy")
     args = parser.parse_args()
     if args.quick:
         args.duration, args.rounds = 1.0, 1
@@ -231,11 +280,19 @@ def main() -> None:
         {"name": "rls memory", "rls": rls_mem},
         {"name": "rls redis", "rls": rls_red},
     ]
+    if args.mtls:
+        flags, socket = mtls_setup(d)
+        rls_mtls = start_tls_rls(cfg, d, [*args.rls_arg, *flags])
+        variants.append({"name": "rls memory mtls", "rls": rls_mtls, "socket": socket})
     for v in variants:
         listener, admin, upstream = free_port(), free_port(), free_port()
         kind = v["name"] if v["rls"] is None else "rls"
         config = gateway_variant(kind, v["rls"].grpc_port if v["rls"] else None,
                                  listener, admin, upstream)
+        if "socket" in v:
+            for cluster in config["static_resources"]["clusters"]:
+                if cluster["name"] == "ratelimit_service":
+                    cluster["transport_socket"] = v["socket"]
         v["envoy"] = start_envoy(envoy_bin, config, d, listener, admin)
         v["key"] = api_keys(config)[USER]
         # Requests by hand: 200, and rate-limit headers where a limiter runs. Envoy opens its
@@ -337,7 +394,7 @@ def main() -> None:
                                 "target_results": targets}, args.quick, [text, text2])
     for v in variants:
         v["envoy"].stop()
-    for p in (rls_mem, rls_red, redis):
+    for p in (rls_mem, rls_red, redis, *(v["rls"] for v in variants[4:])):
         p.stop()
 
 

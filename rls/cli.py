@@ -30,12 +30,14 @@ from rls.settings import (
     DURATIONS,
     LOG_LEVEL_ALIASES,
     REFERENCE_ENV,
+    REFERENCE_ENV_FALLBACK,
     SettingError,
     Settings,
     env_source,
     env_value,
     parse_bool,
 )
+from rls.tls import startup_problem as tls_startup_problem
 from rls.top_cli import add_parser as add_top_parser
 
 # Settings exposed as flags: name -> help. Every flag also reads RLS_<NAME>.
@@ -96,6 +98,11 @@ FLAGS = {
     "prometheus_addr": "also serve the Prometheus metrics on this host:port ('' = off)",
     "prometheus_path": "path of the metrics on --prometheus-addr",
     **XDS_FLAGS,
+    "grpc_tls": "serve TLS on every gRPC listener (on/off); files re-read when they change",
+    "grpc_tls_cert": "gRPC TLS certificate (chain) PEM file",
+    "grpc_tls_key": "gRPC TLS private key PEM file",
+    "grpc_tls_client_ca": "CA PEM file: client certificates required and verified (mTLS)",
+    "grpc_tls_client_san": "a SAN every client certificate must carry (needs a client CA)",
 }
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"
@@ -115,6 +122,8 @@ def _env_names(name: str) -> str:
     names = [f"RLS_{name.upper()}"]
     if name in REFERENCE_ENV:
         names.append(REFERENCE_ENV[name])
+    if name in REFERENCE_ENV_FALLBACK:
+        names.append(REFERENCE_ENV_FALLBACK[name])
     return " or ".join(names)
 
 
@@ -381,6 +390,9 @@ def startup_problem(settings: Settings) -> str | None:
     """
     if settings.cache_config and not os.path.isfile(settings.cache_config):
         return f"--cache-config: {settings.cache_config}: no such file"
+    tls_problem = tls_startup_problem(settings)
+    if tls_problem is not None:
+        return tls_problem
     if settings.allow_empty_config or settings.config_type == "GRPC_XDS_SOTW":
         return None
     if not settings.config:

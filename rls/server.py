@@ -45,6 +45,7 @@ from rls.stores.base import Backend, BackendError
 from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.stores.deadline import LoopLag
 from rls.stores.redis import StoreRejected
+from rls.tls import GrpcTls, add_port, start_tls
 from rls.workers import (
     WorkersCollector,
     mark_ready,
@@ -220,6 +221,7 @@ class Server:
         self.extproc: grpc.aio.Server | None = None  # ext_proc's own listener, if any
         self.quota: QuotaService | None = None
         self.xds: XdsConfigSource | None = None  # CONFIG_TYPE=GRPC_XDS_SOTW
+        self.tls: GrpcTls | None = None  # TLS on every gRPC listener (rls/tls.py), if on
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
 
@@ -321,6 +323,7 @@ class Server:
         (NOT_SERVING until the store accepted us); ext_proc (with a cache config) on a listener
         of its own (`self.extproc`), or on this one when --extproc-addr equals --grpc-addr."""
         settings, app = self.settings, self.app
+        self.tls = start_tls(settings, app.metrics.registry)  # SystemExit naming a bad file
         try:
             self.quota = QuotaService(
                 app.holder.current, app.backend, settings, app.metrics.registry,
@@ -376,9 +379,9 @@ class Server:
                 ("grpc.so_reuseport", 1 if shared_dir() is not None else 0),
             ],
         )
-        server.add_generic_rpc_handlers(handlers)
+        server.add_generic_rpc_handlers(self.tls.guard(handlers) if self.tls else handlers)
         try:
-            port = server.add_insecure_port(addr)
+            port = add_port(server, addr, self.tls)
         except RuntimeError as exc:  # grpc raises when the address is taken
             port = 0
             log.error("%s", cannot_listen(addr, what, exc))
@@ -421,6 +424,8 @@ class Server:
         ]
         if shared_dir() is not None:
             self.tasks.append(loop.create_task(self._follow_workers()))
+        if self.tls is not None:
+            self.tasks.append(loop.create_task(self.tls.watch()))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
 
@@ -502,6 +507,8 @@ class Server:
         await _bounded("the store", app.backend.close())
         watchdog.cancel()
         log.info("stopped")
+        if self.tls is not None:
+            self.tls.close()  # stderr back to itself (rls/tls_refusals.py)
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:

@@ -45,7 +45,15 @@ REFERENCE_ENV = {
     "xds_max_msg_bytes": "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
     "force_start_without_initial_config": "FORCE_START_WITHOUT_INITIAL_CONFIG",
     "healthy_with_at_least_one_config_loaded": "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "grpc_tls": "GRPC_SERVER_USE_TLS",
+    "grpc_tls_cert": "GRPC_SERVER_TLS_CERT",
+    "grpc_tls_key": "GRPC_SERVER_TLS_KEY",
+    "grpc_tls_client_ca": "GRPC_CLIENT_TLS_CACERT",
+    "grpc_tls_client_san": "GRPC_CLIENT_TLS_SAN",
 }
+# Read after the REFERENCE_ENV name. Envoy Gateway mounts its CA as GRPC_SERVER_TLS_CA_CERT, a
+# name the reference never reads: rls honours it as the client CA (mTLS; docs/admin.md).
+REFERENCE_ENV_FALLBACK = {"grpc_tls_client_ca": "GRPC_SERVER_TLS_CA_CERT"}
 
 
 @dataclass(slots=True)
@@ -150,6 +158,13 @@ class Settings:
     force_start_without_initial_config: bool = False
     # Health says not serving until a config with at least one domain is in force.
     healthy_with_at_least_one_config_loaded: bool = False
+    # TLS on every gRPC listener (rls/tls.py): certificate and key files, re-read when they
+    # change. A client CA makes client certificates required (mTLS); a SAN, that name in them.
+    grpc_tls: bool = False
+    grpc_tls_cert: str = ""
+    grpc_tls_key: str = ""
+    grpc_tls_client_ca: str = ""
+    grpc_tls_client_san: str = ""
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
@@ -193,6 +208,19 @@ class Settings:
         for name, schemes in URL_SCHEMES.items():
             _check_url(name, getattr(self, name), schemes)
         self._validate_xds()
+        self._check_tls()
+
+    def _check_tls(self) -> None:
+        """TLS needs both files; a SAN can only be checked in a client certificate."""
+        if not self.grpc_tls:
+            return
+        for name in ("grpc_tls_cert", "grpc_tls_key"):
+            if not getattr(self, name):
+                raise SettingError(name, "is required when gRPC TLS is on")
+        if self.grpc_tls_client_san and not self.grpc_tls_client_ca:
+            raise SettingError(
+                "grpc_tls_client_san", "needs a client CA (client certificates required)"
+            )
 
     def _validate_xds(self) -> None:
         """CONFIG_TYPE=GRPC_XDS_SOTW: a server, well-formed lists, a whole client key pair,
@@ -315,7 +343,7 @@ class SettingError(ValueError):
 def env_source(name: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
     """(variable, value) of the environment variable a setting is read from, if any is set."""
     env = os.environ if environ is None else environ
-    for var in (f"RLS_{name.upper()}", REFERENCE_ENV.get(name)):
+    for var in (f"RLS_{name.upper()}", REFERENCE_ENV.get(name), REFERENCE_ENV_FALLBACK.get(name)):
         if var is not None and var in env:
             return var, env[var]
     return None
@@ -337,6 +365,8 @@ def env_value(name: str, environ: dict[str, str] | None = None) -> str | None:
     value = env.get(f"RLS_{name.upper()}")
     if value is None and name in REFERENCE_ENV:
         value = env.get(REFERENCE_ENV[name])
+    if value is None and name in REFERENCE_ENV_FALLBACK:
+        value = env.get(REFERENCE_ENV_FALLBACK[name])
     return value
 
 

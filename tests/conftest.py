@@ -138,7 +138,8 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
 SLOW_DIRS = {"load", "faults", "observability", "quota"}
 ENVOY_DIRS = {"e2e"}
 ENVOY_FILES = {"test_cache_e2e.py", "test_demo.py", "test_demo_quota.py", "test_envoy_quota.py",
-               "test_xds_envoy.py"}
+               "test_xds_envoy.py",
+               "test_envoy_mtls.py"}
 REDIS_DIRS = {"redis_topologies", "redis_path", "algorithms", "counters"}
 REDIS_FIXTURES = {"redis_server", "redis_url", "fresh_redis", "ops_redis", "debug_redis",
                   "redis_servers", "auth_redis", "tls_redis"}
