@@ -10,6 +10,7 @@ import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
@@ -49,6 +50,9 @@ from rls.workers import (
     watch_supervisor,
     worker_problem,
 )
+
+if TYPE_CHECKING:
+    from rls.tracing.wiring import Tracing
 
 log = logging.getLogger("rls.server")
 
@@ -218,6 +222,7 @@ class Server:
         self.quota: QuotaService | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
+        self.tracing = _start_tracing(settings, self.app)
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; 0 after a clean drain, 1 when start-up failed."""
@@ -370,6 +375,8 @@ class Server:
                 ("grpc.so_reuseport", 1 if shared_dir() is not None else 0),
             ],
         )
+        if self.tracing is not None:  # chosen once: the plain handlers carry no tracing
+            handlers = self.tracing.instrument(handlers)
         server.add_generic_rpc_handlers(handlers)
         try:
             port = server.add_insecure_port(addr)
@@ -493,8 +500,19 @@ class Server:
         await _bounded("the config watcher", app.holder.stop())
         await _bounded("the admin server", runner.cleanup())
         await _bounded("the store", app.backend.close())
+        if self.tracing is not None:  # the spans still queued, if the collector takes them
+            await _bounded("the span export", asyncio.to_thread(self.tracing.flush, 2.0))
         watchdog.cancel()
         log.info("stopped")
+
+
+def _start_tracing(settings: Settings, app: App) -> Tracing | None:
+    """OpenTelemetry is imported only when tracing is on (a lazy import, like the CLI's)."""
+    if not settings.tracing_enabled:
+        return None
+    from rls.tracing.wiring import Tracing
+
+    return Tracing(settings, app.metrics.registry, app.limiter)
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:

@@ -25,6 +25,12 @@ REFERENCE_ENV = {
     "log_format": "LOG_FORMAT",
     "response_headers": "LIMIT_RESPONSE_HEADERS_ENABLED",
     "dynamic_metadata": "RESPONSE_DYNAMIC_METADATA",
+    "tracing_enabled": "TRACING_ENABLED",
+    "tracing_protocol": "TRACING_EXPORTER_PROTOCOL",
+    "tracing_service_name": "TRACING_SERVICE_NAME",
+    "tracing_service_namespace": "TRACING_SERVICE_NAMESPACE",
+    "tracing_service_instance_id": "TRACING_SERVICE_INSTANCE_ID",
+    "tracing_sampling_rate": "TRACING_SAMPLING_RATE",
 }
 
 
@@ -100,6 +106,14 @@ class Settings:
     # Concurrent streams per HTTP/2 connection on every gRPC listener (a client that opens
     # more waits for one to end; Envoy opens another connection).
     max_concurrent_streams: int = 1024
+    # OpenTelemetry tracing (rls/tracing): OTLP export configured by the OTEL_EXPORTER_OTLP_*
+    # variables; the resource's service name, namespace and instance id (default: a UUID).
+    tracing_enabled: bool = False
+    tracing_protocol: str = "http"  # OTLP over http (protobuf) or grpc
+    tracing_service_name: str = "RateLimit"
+    tracing_service_namespace: str = ""
+    tracing_service_instance_id: str = ""
+    tracing_sampling_rate: float = 1.0  # of new traces; a caller's sampled flag is followed
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
@@ -107,6 +121,7 @@ class Settings:
         level = self.log_level.lower()
         self.log_level = LOG_LEVEL_ALIASES.get(level, level)
         self.log_format = self.log_format.lower()
+        self.tracing_protocol = self.tracing_protocol.lower()
         for name, allowed in CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
@@ -118,7 +133,9 @@ class Settings:
         for name, low in MINIMUM.items():
             if getattr(self, name) < low:
                 raise SettingError(name, f"{getattr(self, name)!r} is below the minimum {low}")
-        for name in ("fallback_share", "near_limit_ratio", "decision_log_sample"):
+        for name in (
+            "fallback_share", "near_limit_ratio", "decision_log_sample", "tracing_sampling_rate"
+        ):
             if not 0 <= getattr(self, name) <= 1:
                 raise SettingError(name, f"{getattr(self, name)!r} is not between 0 and 1")
         for name in ("grpc_addr", "http_addr", "extproc_addr"):
@@ -186,6 +203,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log_format": ("text", "json"),
     "loop": ("auto", "uvloop", "asyncio"),
     "log_level": ("debug", "info", "warning", "error", "critical"),
+    "tracing_protocol": ("http", "grpc"),
 }
 MINIMUM: dict[str, float] = {
     "workers": 1,
