@@ -4,15 +4,16 @@ report span, and a collector that never answers."""
 
 from __future__ import annotations
 
-import os
 import secrets
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
-from conftest import RlsProcess, http_get
+from conftest import ROOT, RlsProcess, http_get
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc_pb2
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,15 +24,15 @@ from .otlp_receiver import Blackhole, OtlpReceiver
 
 SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 QUOTA = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
 
 @pytest.fixture
 def traced_rls(
-    tmp_path: object, rls_factory: Callable[..., RlsProcess]
+    tmp_path: Path, rls_factory: Callable[..., RlsProcess]
 ) -> Callable[[dict[str, str]], RlsProcess]:
-    path = os.path.join(str(tmp_path), "descriptors.yaml")
-    with open(path, "w") as f:
-        f.write(DESCRIPTORS)
+    path = tmp_path / "descriptors.yaml"
+    path.write_text(DESCRIPTORS)
     return lambda env: rls_factory(path, env=env)
 
 
@@ -154,3 +155,24 @@ def test_a_collector_that_never_answers_costs_calls_nothing_and_drops_are_counte
     assert max(traced_s) < 2.0, max(traced_s)
     assert statistics.median(traced_s) < statistics.median(plain_s) * 3 + 0.002
     assert metric(traced, "rls_tracing_spans_total", outcome="exported") == 0
+
+
+def test_each_ext_proc_stream_has_a_span_in_the_callers_trace(
+    receiver: OtlpReceiver, rls_factory: Callable[..., RlsProcess], tmp_path: Path,
+) -> None:
+    descriptors = tmp_path / "descriptors.yaml"
+    descriptors.write_text(DESCRIPTORS)
+    rls = rls_factory(descriptors, args=("--cache-config", str(ROOT / "config" / "cache.yaml")),
+                      env=tracing_env(receiver.grpc_endpoint, "grpc"))
+    header, trace_id, parent = traceparent(True)
+    request = ext_proc_pb2.ProcessingRequest()
+    for name, value in ((":method", "GET"), (":path", "/items"), (":authority", "api")):
+        h = request.request_headers.headers.headers.add()
+        h.key, h.raw_value = name, value.encode()
+    with grpc.insecure_channel(rls.extproc_addr) as channel:
+        stream = channel.stream_stream(PROCESS)
+        replies = list(stream(iter([request.SerializeToString()]),
+                              metadata=(("traceparent", header),), timeout=10))
+    assert replies  # rls answered the request headers
+    span = receiver.wait_for("ext_proc Process")[0]
+    assert (span.trace_id, span.parent_id) == (trace_id, parent)
