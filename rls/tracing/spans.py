@@ -4,8 +4,8 @@ stream, each joined to the caller's trace, and a child span for a decision's sto
 Nothing here runs with tracing off: `rls.tracing.wiring.Tracing` wraps the gRPC handlers and
 the limiter's store call once, at start, and only when tracing is on, so the plain handlers
 carry no tracing object and test no flag per call. With tracing on, a call the sampler drops
-costs the context extraction and a non-recording span; attributes (which decode the request
-and the answer a second time) are computed only for recorded spans.
+costs the context extraction and a non-recording span (never made current); attributes
+(which decode the request and the answer a second time) are computed only for recorded spans.
 """
 
 from __future__ import annotations
@@ -78,17 +78,17 @@ class Spans:
         tracer = self.tracer
 
         async def traced(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            with tracer.start_as_current_span(
-                "ShouldRateLimit", self.caller(context), SpanKind.SERVER, rpc
-            ) as span:
+            span = tracer.start_span("ShouldRateLimit", self.caller(context), SpanKind.SERVER, rpc)
+            if not span.is_recording():  # not sampled: nothing to end, no context to set
+                return await behavior(data, context)
+            with trace.use_span(span, end_on_exit=True):
                 try:
                     answer = await behavior(data, context)
                 except grpc.aio.AbortError:
                     _aborted(span, context)
                     raise
-                if span.is_recording():
-                    span.set_attribute(STORE, self.store)
-                    _describe_call(span, data, answer)
+                span.set_attribute(STORE, self.store)
+                _describe_call(span, data, answer)
                 return answer
 
         return traced
@@ -148,9 +148,11 @@ class Spans:
         tracer = self.tracer
 
         async def traced(requests: Any, context: grpc.aio.ServicerContext) -> None:
-            with tracer.start_as_current_span(
-                "ext_proc Process", self.caller(context), SpanKind.SERVER, rpc
-            ) as span:
+            span = tracer.start_span("ext_proc Process", self.caller(context), SpanKind.SERVER, rpc)
+            if not span.is_recording():
+                await behavior(requests, context)
+                return
+            with trace.use_span(span, end_on_exit=True):
                 try:
                     await behavior(requests, context)
                 except grpc.aio.AbortError:

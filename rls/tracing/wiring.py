@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.b3 import B3MultiFormat, B3SingleFormat
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import (
@@ -142,7 +141,6 @@ class Tracing:
         # Envoy's OpenTelemetry tracer sends W3C traceparent; its Zipkin tracer B3 headers.
         self.propagator = CompositePropagator([
             B3MultiFormat(), B3SingleFormat(), TraceContextTextMapPropagator(),
-            W3CBaggagePropagator(),
         ])
         self.spans = spans = Spans(
             self.provider.get_tracer("rls"), self.propagator, limiter.backend.name
