@@ -16,6 +16,12 @@ from rls.stores.urls import bare_url_problem, normalize_redis_url, redact, url_p
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
 REFERENCE_ENV = {
     "redis_url": "REDIS_URL",
+    "tracing_enabled": "TRACING_ENABLED",
+    "tracing_protocol": "TRACING_EXPORTER_PROTOCOL",
+    "tracing_service_name": "TRACING_SERVICE_NAME",
+    "tracing_service_namespace": "TRACING_SERVICE_NAMESPACE",
+    "tracing_service_instance_id": "TRACING_SERVICE_INSTANCE_ID",
+    "tracing_sampling_rate": "TRACING_SAMPLING_RATE",
     "shadow_mode": "SHADOW_MODE",
     "quota_mode": "QUOTA_MODE",
     "merge_domains": "MERGE_DOMAIN_CONFIG",
@@ -25,12 +31,6 @@ REFERENCE_ENV = {
     "log_format": "LOG_FORMAT",
     "response_headers": "LIMIT_RESPONSE_HEADERS_ENABLED",
     "dynamic_metadata": "RESPONSE_DYNAMIC_METADATA",
-    "tracing_enabled": "TRACING_ENABLED",
-    "tracing_protocol": "TRACING_EXPORTER_PROTOCOL",
-    "tracing_service_name": "TRACING_SERVICE_NAME",
-    "tracing_service_namespace": "TRACING_SERVICE_NAMESPACE",
-    "tracing_service_instance_id": "TRACING_SERVICE_INSTANCE_ID",
-    "tracing_sampling_rate": "TRACING_SAMPLING_RATE",
 }
 
 
@@ -87,6 +87,14 @@ class Settings:
     response_headers: bool = False  # RateLimit-* headers in response_headers_to_add
     json_body: bool = False  # JSON body (raw_body) on OVER_LIMIT answers
     dynamic_metadata: bool = False  # decision details as dynamic metadata for access logs
+    # OpenTelemetry tracing (rls/tracing): OTLP export configured by the OTEL_EXPORTER_OTLP_*
+    # variables; the resource's service name, namespace and instance id (default: a UUID).
+    tracing_enabled: bool = False
+    tracing_protocol: str = "http"  # OTLP over http (protobuf) or grpc
+    tracing_service_name: str = "RateLimit"
+    tracing_service_namespace: str = ""
+    tracing_service_instance_id: str = ""
+    tracing_sampling_rate: float = 1.0  # of new traces; a caller's sampled flag is followed
     # Start without any descriptor loaded (every call answered OK until a config appears).
     # Off: a missing path, no --config or zero domains is a startup error.
     allow_empty_config: bool = False
@@ -106,14 +114,6 @@ class Settings:
     # Concurrent streams per HTTP/2 connection on every gRPC listener (a client that opens
     # more waits for one to end; Envoy opens another connection).
     max_concurrent_streams: int = 1024
-    # OpenTelemetry tracing (rls/tracing): OTLP export configured by the OTEL_EXPORTER_OTLP_*
-    # variables; the resource's service name, namespace and instance id (default: a UUID).
-    tracing_enabled: bool = False
-    tracing_protocol: str = "http"  # OTLP over http (protobuf) or grpc
-    tracing_service_name: str = "RateLimit"
-    tracing_service_namespace: str = ""
-    tracing_service_instance_id: str = ""
-    tracing_sampling_rate: float = 1.0  # of new traces; a caller's sampled flag is followed
 
     def validate(self) -> None:
         """Reject every bad value with a SettingError naming the setting (the CLI turns the
