@@ -10,7 +10,6 @@ import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
@@ -43,6 +42,7 @@ from rls.stores.base import Backend, BackendError
 from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.stores.deadline import LoopLag
 from rls.stores.redis import StoreRejected
+from rls.tracing import start_tracing
 from rls.workers import (
     WorkersCollector,
     mark_ready,
@@ -50,9 +50,6 @@ from rls.workers import (
     watch_supervisor,
     worker_problem,
 )
-
-if TYPE_CHECKING:
-    from rls.tracing.wiring import Tracing
 
 log = logging.getLogger("rls.server")
 
@@ -222,7 +219,7 @@ class Server:
         self.quota: QuotaService | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
-        self.tracing = _start_tracing(settings, self.app)
+        self.tracing = start_tracing(settings, self.app.metrics.registry, self.app.limiter)
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; 0 after a clean drain, 1 when start-up failed."""
@@ -504,15 +501,6 @@ class Server:
             await _bounded("the span export", asyncio.to_thread(self.tracing.flush, 2.0))
         watchdog.cancel()
         log.info("stopped")
-
-
-def _start_tracing(settings: Settings, app: App) -> Tracing | None:
-    """OpenTelemetry is imported only when tracing is on (a lazy import, like the CLI's)."""
-    if not settings.tracing_enabled:
-        return None
-    from rls.tracing.wiring import Tracing
-
-    return Tracing(settings, app.metrics.registry, app.limiter)
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
