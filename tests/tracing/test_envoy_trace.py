@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import grpc
 import pytest
 from e2e.harness import Gateway
+from envoy.service.ratelimit.v3 import rls_pb2
 from support.waiting import wait_until
 
 from .conftest import tracing_env
@@ -46,3 +48,23 @@ def envoy_spans(receiver: OtlpReceiver, trace_id: str) -> dict[str, SpanSeen]:
 
 def child_spans(receiver: OtlpReceiver, parent: SpanSeen) -> list[SpanSeen]:
     return [s for s in receiver.in_trace(parent.trace_id) if s.parent_id == parent.span_id]
+
+
+def test_a_request_envoy_did_not_sample_is_not_recorded_by_rls_even_at_rate_1(
+    traced_gateway: Callable[..., Gateway], receiver: OtlpReceiver
+) -> None:
+    gw = traced_gateway(tracing_env(receiver.grpc_endpoint, "grpc", rate=1.0), envoy_percent=0)
+    user = next(iter(gw.api_keys))
+    for _ in range(5):
+        assert gw.call("/unsampled", user).status == 200
+    # A call straight to rls, without a trace context: recorded (rate 1), and exported after
+    # any span of the calls above would have been (the export queue is first in, first out).
+    request = rls_pb2.RateLimitRequest(domain="gateway")
+    entry = request.descriptors.add().entries.add()
+    entry.key, entry.value = "remote_address", "10.0.0.1"
+    with grpc.insecure_channel(gw.rls.grpc_addr) as channel:
+        channel.unary_unary("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")(
+            request.SerializeToString(), timeout=5)
+    spans = receiver.wait_for("ShouldRateLimit")
+    assert [(s.parent_id, s.attributes["rls.descriptors"]) for s in spans] == [("", 1)], spans
+    assert not [s for s in receiver.spans if s.service == "envoy-gateway"]
