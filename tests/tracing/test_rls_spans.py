@@ -176,3 +176,15 @@ def test_each_ext_proc_stream_has_a_span_in_the_callers_trace(
     assert replies  # rls answered the request headers
     span = receiver.wait_for("ext_proc Process")[0]
     assert (span.trace_id, span.parent_id) == (trace_id, parent)
+
+
+def test_a_refused_call_keeps_its_grpc_status_and_its_span_says_why(
+    traced_rls: Callable[[dict[str, str]], RlsProcess], receiver: OtlpReceiver
+) -> None:
+    rls = traced_rls(tracing_env(receiver.grpc_endpoint, "grpc"))
+    empty_domain = rls_pb2.RateLimitRequest(domain="").SerializeToString()
+    with grpc.insecure_channel(rls.grpc_addr) as channel, pytest.raises(grpc.RpcError) as err:
+        channel.unary_unary(SHOULD_RATE_LIMIT)(empty_domain, timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    span = receiver.wait_for("ShouldRateLimit")[0]
+    assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
