@@ -8,6 +8,8 @@
 #       -e RLS_REDIS_URL=redis://redis:6379/0 rls                   # your YAML, counters in Redis
 #
 # Every flag of `rls serve` is also an environment variable RLS_<NAME> (docs/configuration.md).
+# Tracing is in the image (OpenTelemetry is a dependency): TRACING_ENABLED=true and
+# OTEL_EXPORTER_OTLP_ENDPOINT, as Envoy Gateway sets them (docs/observability.md#tracing).
 # Checked by tests/ship/test_dockerfile.py (no Docker needed): entrypoint, ports, healthcheck
 # path, non-root user, Python version, build context.
 

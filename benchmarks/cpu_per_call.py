@@ -12,6 +12,9 @@ Variants:
 - `floor/<loop>`: the empty grpc.aio handler (benchmarks/floor_server.py) on uvloop and asyncio;
 - `tree <store>`: rls of this checkout (memory, Redis), on its default loop;
 - `tree <store> asyncio`: the same with `--loop asyncio` (with `--both-loops`);
+- `tree <store> tracing <rate>`: this tree's rls with OpenTelemetry tracing on at that sampling
+  rate (`--tracing RATE`, repeatable), exporting OTLP/HTTP to a sink in this process (its CPU
+  is not the server's; the server's exporter thread is);
 - `<rev> <store>`: rls at a git revision (`--compare REV`, repeatable): a detached worktree of
   that revision, run with its own code (`python -m rls` from the worktree) on its own default
   loop, so a regression since REV shows in one command.
@@ -32,6 +35,7 @@ compares; the client's own CPU is far higher than h2load's and shares the machin
 
     python benchmarks/cpu_per_call.py --compare aa7ce0d --compare c9b4b14
     python benchmarks/cpu_per_call.py --quick        # a smoke run (a few seconds per variant)
+    python benchmarks/cpu_per_call.py --stores memory --compare main --tracing 1 --tracing 0.01
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -146,12 +152,33 @@ def revision_tree(rev: str, base: Path) -> tuple[str, Path]:
     return sha, path
 
 
+class OtlpSink(BaseHTTPRequestHandler):
+    """Takes OTLP/HTTP exports and answers 200 (the traced variants' collector)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def start_sink() -> str:
+    """An OTLP/HTTP sink on a free port, in this process; its OTEL_EXPORTER_OTLP_ENDPOINT."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OtlpSink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
 def start_rls_at(config: Path, log_dir: Path, name: str, code: Path | None,
-                 redis_url: str | None, extra: list[str]) -> RlsProc:
+                 redis_url: str | None, extra: list[str],
+                 env: dict[str, str] | None = None) -> RlsProc:
     """`python -m rls serve` from `code` (a worktree) or the installed rls (None)."""
     grpc_port, http_port = free_port(), free_port()
     cmd = rls_command(config, grpc_port, http_port, redis_url, extra)
-    base = spawn(cmd, f"{name.replace(' ', '-')}-{grpc_port}", log_dir, cwd=code)
+    base = spawn(cmd, f"{name.replace(' ', '-')}-{grpc_port}", log_dir, env=env, cwd=code)
     rls = RlsProc(base.proc, base.log_path, base.name, grpc_port, http_port)
     wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200, 30,
                f"{name} /healthcheck", base.proc, base.log_path)
@@ -196,6 +223,8 @@ def main() -> None:
     parser.add_argument("--descriptors", type=int, default=1, choices=(1, 3))
     parser.add_argument("--rls-arg", action="append", default=[], metavar="ARG",
                         help="extra `rls serve` argument for this tree's rls (repeatable)")
+    parser.add_argument("--tracing", action="append", default=[], type=float, metavar="RATE",
+                        help="also run this tree's rls with tracing on at RATE (repeatable)")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 4,000 calls")
     parser.add_argument("--tls", action="store_true",
                         help="also this tree's rls over TLS and (with --load grpc) mTLS")
@@ -225,6 +254,10 @@ def main() -> None:
     trees: list[tuple[str, Path | None, list[str]]] = [("tree", None, list(args.rls_arg))]
     if args.both_loops:
         trees.append(("tree asyncio", None, [*args.rls_arg, "--loop", "asyncio"]))
+    sink = {"OTEL_EXPORTER_OTLP_ENDPOINT": start_sink()} if args.tracing else {}
+    for rate in args.tracing:
+        trees.append((f"tree tracing {rate:g}", None, [
+            *args.rls_arg, "--tracing-enabled", "on", "--tracing-sampling-rate", str(rate)]))
     worktrees: list[Path] = []
     for rev in args.compare:
         sha, path = revision_tree(rev, d)
@@ -235,7 +268,7 @@ def main() -> None:
             for store in stores:
                 url = redis.url if store == "redis" and redis else None
                 name = f"{label} {store}"
-                rls = start_rls_at(cfg, d, name, code, url, extra)
+                rls = start_rls_at(cfg, d, name, code, url, extra, sink)
                 variants.append(Variant(name, loop_of(code, extra), rls, rls.grpc_port, rls))
                 if code is not None or label != "tree":
                     continue

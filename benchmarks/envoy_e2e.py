@@ -8,7 +8,11 @@ tests/e2e/harness.py (the same code the end-to-end tests use). Changes for the b
 - `none`: the ratelimit filter removed; `local_ratelimit`: it is replaced by
   envoy.filters.http.local_ratelimit with a per-user token bucket (dynamic descriptor) and a
   default bucket, both too large to be reached; `rls memory` / `rls redis`: the gateway as is,
-  pointed at `rls serve` (domain gateway, the example descriptors with limits never reached).
+  pointed at `rls serve` (domain gateway, the example descriptors with limits never reached);
+  `floor`: the gateway as is, pointed at benchmarks/floor_server.py, an empty grpc.aio
+  ShouldRateLimit handler answering a fixed OK (no parsing, matching or counting): the best
+  any Python grpc.aio rate-limit service can do behind this Envoy. The `x floor` column reads
+  every variant against it.
 
 wrk sends `GET /items?page=1` as alice: three descriptors per call (user+path, api+user,
 remote_address). Checks: every response is 2xx (wrk's status errors = 0, no socket errors);
@@ -61,6 +65,7 @@ from _common import (
     print_targets,
     rls_command,
     spawn,
+    start_floor,
     start_redis,
     start_rls,
     table,
@@ -271,6 +276,7 @@ def main() -> None:
     redis = start_redis(d)
     rls_mem = start_rls(cfg, d, name="rls-memory", extra=args.rls_arg)
     rls_red = start_rls(cfg, d, redis_url=redis.url, name="rls-redis", extra=args.rls_arg)
+    floor = start_floor(d)
     script = d / "report.lua"
     script.write_text(WRK_SCRIPT)
 
@@ -279,6 +285,7 @@ def main() -> None:
         {"name": "local_ratelimit", "rls": None},
         {"name": "rls memory", "rls": rls_mem},
         {"name": "rls redis", "rls": rls_red},
+        {"name": "floor", "rls": None, "port": floor.grpc_port},
     ]
     if args.mtls:
         flags, socket = mtls_setup(d)
@@ -286,9 +293,9 @@ def main() -> None:
         variants.append({"name": "rls memory mtls", "rls": rls_mtls, "socket": socket})
     for v in variants:
         listener, admin, upstream = free_port(), free_port(), free_port()
-        kind = v["name"] if v["rls"] is None else "rls"
-        config = gateway_variant(kind, v["rls"].grpc_port if v["rls"] else None,
-                                 listener, admin, upstream)
+        kind = v["name"] if v["rls"] is None and "port" not in v else "rls"
+        port = v["rls"].grpc_port if v["rls"] else v.get("port")
+        config = gateway_variant(kind, port, listener, admin, upstream)
         if "socket" in v:
             for cluster in config["static_resources"]["clusters"]:
                 if cluster["name"] == "ratelimit_service":
@@ -354,6 +361,7 @@ def main() -> None:
             print(f"round {r + 1}: {v['name']:<16} {res['rps']:9.1f} req/s", flush=True)
 
     base = median([x["rps"] for x in runs["none"]])
+    floor_rps = median([x["rps"] for x in runs["floor"]])
     rows, out, targets = [], [], []
     goal = {"rls memory": 0.50, "rls redis": 0.40}
     for v in variants:
@@ -369,10 +377,12 @@ def main() -> None:
         out.append({"variant": v["name"], "rps_median": round(rps, 1),
                     "rps_rounds": [round(x["rps"], 1) for x in rs],
                     "ratio_to_none": round(rps / base, 3),
+                    "ratio_to_floor": round(rps / floor_rps, 3),
                     "failure_mode_answers": None if fm_v is None else fm_v.count,
                     "failure_mode_breakdown": None if fm_v is None else fm_v.breakdown,
                     "envoy_ratelimit_errors": env_err, "valid": valid, "runs": rs})
         rows.append([v["name"], rps, " ".join(f"{x['rps']:.0f}" for x in rs), f"{rps / base:.2f}",
+                     f"{rps / floor_rps:.2f}",
                      med("mean_us"), med("p50_us"), med("p90_us"), med("p99_us"),
                      med("p999_us"), fm_cell(fm_v), "-" if env_err is None else env_err,
                      "yes" if valid else "INVALID"])
@@ -386,7 +396,7 @@ def main() -> None:
     title = (f"Envoy end to end: wrk -t1 -c{args.connections}, GET {PATH}, "
              f"{max(1, round(args.duration))} s x {args.rounds} round(s) "
              "(latency: median of rounds)")
-    text = table(["variant", "req/s (median)", "rounds", "x none", "mean ms", "p50 ms",
+    text = table(["variant", "req/s (median)", "rounds", "x none", "x floor", "mean ms", "p50 ms",
                   "p90 ms", "p99 ms", "p99.9 ms", "failure-mode answers", "Envoy rl errors",
                   "valid"], rows, title)
     text2 = print_targets(targets)
@@ -394,7 +404,7 @@ def main() -> None:
                                 "target_results": targets}, args.quick, [text, text2])
     for v in variants:
         v["envoy"].stop()
-    for p in (rls_mem, rls_red, redis, *(v["rls"] for v in variants[4:])):
+    for p in (rls_mem, rls_red, floor, redis, *(v["rls"] for v in variants[5:])):
         p.stop()
 
 

@@ -83,6 +83,12 @@ FLAGS = {
     "response_headers": "add RateLimit-Limit/-Remaining/-Reset/-Policy to responses",
     "json_body": "JSON body on 429 answers (raw_body)",
     "dynamic_metadata": "decision details as dynamic metadata for access logs",
+    "tracing_enabled": "OpenTelemetry tracing: spans exported by OTLP (OTEL_EXPORTER_OTLP_*)",
+    "tracing_protocol": "OTLP transport of the spans",
+    "tracing_service_name": "service.name of rls's spans",
+    "tracing_service_namespace": "service.namespace of rls's spans",
+    "tracing_service_instance_id": "service.instance.id of rls's spans ('': a random UUID)",
+    "tracing_sampling_rate": "fraction of new traces recorded (a caller's decision is kept)",
     "allow_empty_config": "start even with no descriptor loaded (every call answered OK)",
     "strict": "config warnings (repeated YAML key, rate_limit without requests_per_unit, "
     "empty directory) are errors",

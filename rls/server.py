@@ -46,6 +46,7 @@ from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.stores.deadline import LoopLag
 from rls.stores.redis import StoreRejected
 from rls.tls import GrpcTls, add_port, start_tls
+from rls.tracing import start_tracing
 from rls.workers import (
     WorkersCollector,
     mark_ready,
@@ -224,6 +225,7 @@ class Server:
         self.tls: GrpcTls | None = None  # TLS on every gRPC listener (rls/tls.py), if on
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
+        self.tracing = start_tracing(settings, self.app.metrics.registry, self.app.limiter)
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; 0 after a clean drain, 1 when start-up failed."""
@@ -379,6 +381,8 @@ class Server:
                 ("grpc.so_reuseport", 1 if shared_dir() is not None else 0),
             ],
         )
+        if self.tracing is not None:  # chosen once: the plain handlers carry no tracing
+            handlers = self.tracing.instrument(handlers)
         server.add_generic_rpc_handlers(self.tls.guard(handlers) if self.tls else handlers)
         try:
             port = add_port(server, addr, self.tls)
@@ -505,6 +509,8 @@ class Server:
         for runner in runners:  # the admin listener, the Prometheus one
             await _bounded("an HTTP listener", runner.cleanup())
         await _bounded("the store", app.backend.close())
+        if self.tracing is not None:  # the spans still queued, if the collector takes them
+            await _bounded("the span export", asyncio.to_thread(self.tracing.flush, 2.0))
         watchdog.cancel()
         log.info("stopped")
         if self.tls is not None:

@@ -16,6 +16,12 @@ from rls.stores.urls import bare_url_problem, normalize_redis_url, redact, url_p
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
 REFERENCE_ENV = {
     "redis_url": "REDIS_URL",
+    "tracing_enabled": "TRACING_ENABLED",
+    "tracing_protocol": "TRACING_EXPORTER_PROTOCOL",
+    "tracing_service_name": "TRACING_SERVICE_NAME",
+    "tracing_service_namespace": "TRACING_SERVICE_NAMESPACE",
+    "tracing_service_instance_id": "TRACING_SERVICE_INSTANCE_ID",
+    "tracing_sampling_rate": "TRACING_SAMPLING_RATE",
     "shadow_mode": "SHADOW_MODE",
     "quota_mode": "QUOTA_MODE",
     "merge_domains": "MERGE_DOMAIN_CONFIG",
@@ -109,6 +115,14 @@ class Settings:
     response_headers: bool = False  # RateLimit-* headers in response_headers_to_add
     json_body: bool = False  # JSON body (raw_body) on OVER_LIMIT answers
     dynamic_metadata: bool = False  # decision details as dynamic metadata for access logs
+    # OpenTelemetry tracing (rls/tracing): OTLP export configured by the OTEL_EXPORTER_OTLP_*
+    # variables; the resource's service name, namespace and instance id (default: a UUID).
+    tracing_enabled: bool = False
+    tracing_protocol: str = "http"  # OTLP over http (protobuf) or grpc
+    tracing_service_name: str = "RateLimit"
+    tracing_service_namespace: str = ""
+    tracing_service_instance_id: str = ""
+    tracing_sampling_rate: float = 1.0  # of new traces; a caller's sampled flag is followed
     # Start without any descriptor loaded (every call answered OK until a config appears).
     # Off: a missing path, no --config or zero domains is a startup error.
     allow_empty_config: bool = False
@@ -172,6 +186,7 @@ class Settings:
         level = self.log_level.lower()
         self.log_level = LOG_LEVEL_ALIASES.get(level, level)
         self.log_format = self.log_format.lower()
+        self.tracing_protocol = self.tracing_protocol.lower()
         for name, allowed in CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
@@ -183,7 +198,9 @@ class Settings:
         for name, low in MINIMUM.items():
             if getattr(self, name) < low:
                 raise SettingError(name, f"{getattr(self, name)!r} is below the minimum {low}")
-        for name in ("fallback_share", "near_limit_ratio", "decision_log_sample"):
+        for name in (
+            "fallback_share", "near_limit_ratio", "decision_log_sample", "tracing_sampling_rate"
+        ):
             if not 0 <= getattr(self, name) <= 1:
                 raise SettingError(name, f"{getattr(self, name)!r} is not between 0 and 1")
         for name in ("grpc_addr", "http_addr", "extproc_addr", "prometheus_addr"):
@@ -297,6 +314,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "loop": ("auto", "uvloop", "asyncio"),
     "log_level": ("debug", "info", "warning", "error", "critical"),
     "config_type": ("FILE", "GRPC_XDS_SOTW"),
+    "tracing_protocol": ("http", "grpc"),
 }
 MINIMUM: dict[str, float] = {
     "workers": 1,

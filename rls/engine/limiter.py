@@ -80,6 +80,7 @@ class RateLimiter:
         # is handed it; any other is guarded here.
         self._own_deadlines = bool(getattr(backend, "own_deadlines", False))
         self._probe = getattr(backend, "check_health", None)
+        self.call_store = self._call_backend  # the one store call; tracing wraps it at start
         self._roundtrips = metrics.backend_calls.labels(backend.name)
         self._backend_errors = metrics.backend_errors.labels(backend.name, settings.failure_mode)
         self._failure_log = LogGate(per_second=1)
@@ -381,9 +382,9 @@ class RateLimiter:
         if len(checks) > 1 and len({c.key for c in checks}) < len(checks):
             merged, slots = merge_same_counter(checks)
             if slots is not None:
-                outcomes, why = await self._call_backend(merged, now_ms, usage, ttl, budget_s)
+                outcomes, why = await self.call_store(merged, now_ms, usage, ttl, budget_s)
                 return (None if outcomes is None else [outcomes[j] for j in slots]), why
-        return await self._call_backend(checks, now_ms, usage, ttl, budget_s)
+        return await self.call_store(checks, now_ms, usage, ttl, budget_s)
 
     async def _call_backend(
         self,

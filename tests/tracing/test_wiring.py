@@ -1,0 +1,84 @@
+"""Where tracing sits: chosen once at start (plain handlers and store call when off), its
+settings read from the reference's TRACING_* names with located errors, the failure-mode
+reason on the spans of a call the store could not decide."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+
+from rls.cli import _parser, _settings_from
+from rls.engine.limiter import RateLimiter
+from rls.server import Server
+from rls.settings import Settings
+from rls.tracing.wiring import TracedHandler, Tracing
+
+
+def test_tracing_off_leaves_the_plain_store_call_and_handlers() -> None:
+    server = Server(Settings())
+    assert server.tracing is None
+    limiter = server.app.limiter
+    assert limiter.call_store.__func__ is RateLimiter._call_backend  # type: ignore[attr-defined]
+
+
+def test_tracing_on_wraps_the_store_call_once_and_every_listeners_handlers() -> None:
+    server = Server(Settings(tracing_enabled=True))
+    tracing = server.tracing
+    assert tracing is not None
+    assert getattr(server.app.limiter.call_store, "__func__", None) is None
+    handlers = tracing.instrument((server.app.service.handler(),))
+    assert isinstance(handlers[0], TracedHandler)
+
+
+def test_reference_tracing_variables_are_read_and_bad_values_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args = _parser().parse_args(["serve"])
+    monkeypatch.setenv("TRACING_ENABLED", "true")
+    monkeypatch.setenv("TRACING_EXPORTER_PROTOCOL", "GRPC")
+    monkeypatch.setenv("TRACING_SERVICE_INSTANCE_ID", "rls-0")
+    monkeypatch.setenv("TRACING_SAMPLING_RATE", "0.25")
+    settings = _settings_from(args)
+    assert (settings.tracing_enabled, settings.tracing_protocol) == (True, "grpc")
+    assert (settings.tracing_service_name, settings.tracing_service_instance_id) == (
+        "RateLimit", "rls-0")
+    assert settings.tracing_sampling_rate == 0.25
+    monkeypatch.setenv("TRACING_SAMPLING_RATE", "1.5")
+    with pytest.raises(ValueError, match=r"^TRACING_SAMPLING_RATE: 1.5 is not between 0 and 1"):
+        _settings_from(args)
+    monkeypatch.setenv("TRACING_SAMPLING_RATE", "1")
+    monkeypatch.setenv("TRACING_EXPORTER_PROTOCOL", "udp")
+    with pytest.raises(ValueError, match=r"^TRACING_EXPORTER_PROTOCOL: 'udp' is not one of"):
+        _settings_from(args)
+
+
+class _FailingLimiter:
+    """A limiter stand-in whose store call fails the way a dead Redis does."""
+
+    class backend:
+        name = "redis"
+
+    async def call_store(self, *args: object) -> tuple[None, str]:
+        return None, "store_down"
+
+
+def test_a_store_failure_names_its_reason_on_the_store_and_server_spans() -> None:
+    memory = InMemorySpanExporter()
+    limiter = _FailingLimiter()
+    tracing = Tracing(Settings(tracing_enabled=True), CollectorRegistry(), limiter,  # type: ignore[arg-type]
+                      exporter=memory)
+    tracer = tracing.provider.get_tracer("test")
+
+    async def decide() -> None:
+        with tracer.start_as_current_span("ShouldRateLimit"):
+            assert await limiter.call_store([], None) == (None, "store_down")
+
+    asyncio.run(decide())
+    assert tracing.flush(5.0)
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert spans["redis decide"].attributes["rls.failure_reason"] == "store_down"
+    assert spans["ShouldRateLimit"].attributes["rls.failure_reason"] == "store_down"
+    assert spans["redis decide"].parent.span_id == spans["ShouldRateLimit"].context.span_id
