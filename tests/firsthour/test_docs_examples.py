@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from support.envoy import find_envoy
+from support.system import require_binary
 
 from rls.cli import _parser as rls_parser
 from rls.config.parser import VALID_KEYS
@@ -206,6 +207,16 @@ def check_workflow(where: str, body: str) -> None:
             pytest.fail(f"{where}: rls does not take `{command}`")
 
 
+def check_prometheus_rules(where: str, body: str, tmp_path: Path) -> None:
+    """A Prometheus rules file, as `promtool check rules` reads it."""
+    promtool = require_binary("promtool", "prometheus")
+    path = tmp_path / "rules.yaml"
+    path.write_text(body, encoding="utf-8")
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, f"{where}: promtool check rules\n{done.stdout}{done.stderr}"
+
+
 def check_yaml_block(block: Block, tmp_path: Path) -> None:
     where, body = block.where, block.body
     if block.mark == "fragment":
@@ -223,6 +234,8 @@ def check_yaml_block(block: Block, tmp_path: Path) -> None:
             check_config(where, f"domain: fragment\ndescriptors:\n{indented}", tmp_path)
         elif context == "github actions workflow":
             check_workflow(where, body)
+        elif context == "prometheus rules":
+            check_prometheus_rules(where, body, tmp_path)
         elif context == "cache rules":
             check_config(where, "rules:\n" + "".join(f"  {line}\n" for line in
                                                        body.splitlines()), tmp_path)
