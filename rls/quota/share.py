@@ -44,7 +44,6 @@ at the first grant and restart at every window push of an idle bucket, not at a 
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +55,8 @@ from rls.core.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check, Outcome, cand
 from rls.engine.calendar import CalendarCache
 from rls.engine.candidates import batch_verdict
 from rls.stores.base import Backend, BackendError
+from rls.stores.deadline import Deadline, LoopLag
+from rls.stores.guard import decide_within
 
 SUPPORTED_ALGORITHMS = frozenset({"fixed_window"})
 REPORT_CADENCE_S = 5.0  # Envoy 1.40 reports every 5 s whatever reporting_interval says
@@ -245,13 +246,12 @@ class Dealer:
 
     async def _call(self, checks: list[Check]) -> tuple[bool, list[Outcome]]:
         """One atomic step on the store (raises BackendError / TimeoutError)."""
+        # The store's one guarded call; a LoopLag that does not tick: wall-clock time.
+        deadline = Deadline(LoopLag(), self.timeout, self.timeout)
         try:
-            async with asyncio.timeout(self.timeout):
-                verdict = await self.backend.decide(checks)
+            verdict = await decide_within(self.backend, checks, deadline)
         except TimeoutError:
-            suspect = getattr(self.backend, "suspect", None)  # stores with a health probe
-            if suspect is not None:
-                suspect()
+            self.backend.suspect()
             raise
         return verdict.admitted, verdict.outcomes
 
