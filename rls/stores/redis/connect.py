@@ -24,7 +24,9 @@ import redis.asyncio as aioredis
 import redis.cluster
 import redis.sentinel
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
 from rls.stores.redis.urls import redact
@@ -208,10 +210,16 @@ def _cluster(
     """`redis+cluster://host:port[,host:port…]`: a cluster client seeded with those nodes."""
     cluster_class: Any = redis.cluster.RedisCluster if sync else RedisCluster
     node_class: Any = redis.cluster.ClusterNode if sync else ClusterNode
-    # RedisCluster takes no retry_on_timeout; its own retries are turned off instead.
+    # RedisCluster takes no retry_on_timeout. The asyncio client (the store's calls) makes one
+    # attempt per call: its retries read the whole slot map again before each (CLUSTER SLOTS,
+    # 16384 slots rebuilt, COMMAND parsed), up to four times per failing call, CPU that a
+    # failover's burst of failing calls took from every other caller (issue 33). A failing
+    # call is evidence for its master's breaker instead, and the map is read again by the next
+    # call or, while a master's breaker is open, by `node_breakers.py` (once per interval).
     nodes = [node_class(h, p) for h, p in _hosts(parts.netloc)]
+    once = {} if sync else {"retry": Retry(NoBackoff(), 0)}
     return cluster_class(
-        startup_nodes=nodes, max_connections=pool_size, **auth, **common, **tls
+        startup_nodes=nodes, max_connections=pool_size, **once, **auth, **common, **tls
     )
 
 
