@@ -239,10 +239,12 @@ class RedisCounterStore:
         if retry:
             _, again = await self._call(mode, [items[i] for i in retry], now, now_ms, breaker)
             for i, res in zip(retry, again, strict=True):
-                results[i] = res if res is not None else Result(
-                    "unavailable", "store clock moved outside the window bounds"
-                )
-        return results  # type: ignore[return-value]
+                results[i] = res
+        return [
+            res if res is not None
+            else Result("unavailable", "store clock moved outside the window bounds")
+            for res in results
+        ]
 
     async def _call(
         self, mode: str, items: Sequence[Item], bounds_ms: int, now_ms: int | None,

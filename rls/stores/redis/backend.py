@@ -88,11 +88,6 @@ class RedisBackend:
                        socket_timeout)
         )
 
-    @property
-    def slots(self) -> asyncio.Semaphore | None:
-        """Cluster: the bound on calls in flight, shared with the frequency counters."""
-        return self.topology.slots if isinstance(self.topology, Cluster) else None
-
     async def probe(self) -> bool:
         """PING on the probe connection (in its thread); False on any error or timeout."""
         loop = asyncio.get_running_loop()

@@ -49,7 +49,7 @@ class Cluster:
         self.client = client
         self.book = book
         self.clock = clock  # read at each call (tests set its reading)
-        self.slots = asyncio.Semaphore(pool_size)  # shared with the frequency counters
+        self.slots = asyncio.Semaphore(pool_size)  # decisions and frequency counters alike
         self._breaker = breaker
         self.nodes = NodeBreakers(
             client, probe_client, probe_thread, self._node_breaker, breaker.probe_interval
