@@ -1,7 +1,7 @@
 """Redis CPU per decision by queue depth: one EVALSHA per request, one batch EVALSHA per loop
 turn, and envoyproxy/ratelimit's INCRBY+EXPIRE, all offered the same rate.
 
-What the lean connection sends when a loop turn holds `depth` decisions (rls/stores/wire.py):
+What the lean connection sends when a loop turn holds `depth` decisions (rls/stores/redis/wire.py):
 - `single`: `depth` EVALSHAs of lua/decide_fixed_window.lua in one write;
 - `batch`: one EVALSHA of lua/decide_fixed_window_batch.lua carrying the `depth` requests (each
   still all-or-nothing);
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import hiredis
 from _common import median, start_redis, table, workdir, write_results
 
-from rls.stores.scripts import lean_batch_script, lean_script
+from rls.stores.redis.scripts import lean_batch_script, lean_script
 
 DEPTHS = (1, 2, 4, 8, 16, 32)
 USERS = 100

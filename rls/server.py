@@ -45,6 +45,7 @@ from rls.stores.base import Backend, BackendError
 from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.stores.deadline import LoopLag
 from rls.stores.redis import StoreRejected
+from rls.stores.redis.connect import TlsClient
 from rls.tls import GrpcTls, add_port, start_tls
 from rls.tracing import start_tracing
 from rls.workers import (
@@ -112,6 +113,10 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
             breaker=breaker,
             auto_pipeline=settings.auto_pipeline,
             probe_timeout_ms=settings.probe_timeout_ms,
+            tls=TlsClient(
+                settings.redis_tls_client_cert, settings.redis_tls_client_key,
+                settings.redis_tls_cacert, settings.redis_tls_skip_hostname_verification,
+            ),
         )
     elif backend is None:
         memory = MemoryBackend(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from rls.event_loop import uvloop_installed
 from rls.stores.memory import DEFAULT_MAX_BYTES
-from rls.stores.urls import bare_url_problem, normalize_redis_url, redact, url_problem
+from rls.stores.redis.urls import bare_url_problem, normalize_redis_url, redact, url_problem
 
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
 REFERENCE_ENV = {
@@ -56,6 +56,10 @@ REFERENCE_ENV = {
     "grpc_tls_key": "GRPC_SERVER_TLS_KEY",
     "grpc_tls_client_ca": "GRPC_CLIENT_TLS_CACERT",
     "grpc_tls_client_san": "GRPC_CLIENT_TLS_SAN",
+    "redis_tls_client_cert": "REDIS_TLS_CLIENT_CERT",
+    "redis_tls_client_key": "REDIS_TLS_CLIENT_KEY",
+    "redis_tls_cacert": "REDIS_TLS_CACERT",
+    "redis_tls_skip_hostname_verification": "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
 }
 # Read after the REFERENCE_ENV name. Envoy Gateway mounts its CA as GRPC_SERVER_TLS_CA_CERT, a
 # name the reference never reads: rls honours it as the client CA (mTLS; docs/admin.md).
@@ -68,6 +72,12 @@ class Settings:
     grpc_addr: str = "0.0.0.0:8081"
     http_addr: str = "127.0.0.1:8080"
     redis_url: str = ""
+    # rediss:// to --redis-url (any topology): a client certificate and key for a Redis that
+    # requires one, the CA of its certificate, and whether its host name is left unchecked.
+    redis_tls_client_cert: str = ""
+    redis_tls_client_key: str = ""
+    redis_tls_cacert: str = ""
+    redis_tls_skip_hostname_verification: bool = False
     cache_config: str = ""
     cache_store: str = ""  # redis://, ssdb://…; default: the rules file's `store:`
     workers: int = 1
@@ -226,6 +236,8 @@ class Settings:
             _check_url(name, getattr(self, name), schemes)
         self._validate_xds()
         self._check_tls()
+        for name in ("redis_tls_client_cert", "redis_tls_client_key", "redis_tls_cacert"):
+            _check_readable(name, getattr(self, name))
 
     def _check_tls(self) -> None:
         """TLS needs both files; a SAN can only be checked in a client certificate."""
@@ -263,6 +275,20 @@ class Settings:
                 "xds_client_tls_cert" if not self.xds_client_tls_cert else "xds_client_tls_key",
                 "a client certificate needs both the certificate and its key",
             )
+
+
+def _check_readable(name: str, path: str) -> None:
+    """A file setting names a file this process can read (else rls would fail at its first
+    TLS handshake, with an error naming no setting)."""
+    if not path:
+        return
+    if not os.path.isfile(path):
+        raise SettingError(name, f"{path}: no such file")
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise SettingError(name, f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
 def _check_url(name: str, url: str, schemes: tuple[str, ...]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rls.stores.urls import normalize_redis_url
+from rls.stores.redis.urls import normalize_redis_url
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ The service layer hands in plain values (no protobuf), so the same path serves g
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +39,8 @@ from rls.memo import MATCH_MEMO_BYTES, MATCH_MEMO_ENTRIES, BoundedCache
 from rls.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.base import Backend, BackendError, StoreDown
-from rls.stores.deadline import OVERLOADED, Deadline, Guard, LoopLag
+from rls.stores.deadline import OVERLOADED, Deadline, LoopLag
+from rls.stores.guard import decide_within, within
 
 log = logging.getLogger("rls.limiter")
 
@@ -75,11 +75,8 @@ class RateLimiter:
         self.metrics = metrics
         self._overrides: dict[tuple[object, ...], Limit] = {}
         self._calendar = CalendarCache()
-        self._decide_now = getattr(backend, "decide_now", None)
-        # A store that watches a call's deadline itself (the Redis wire, one timer per batch)
-        # is handed it; any other is guarded here.
-        self._own_deadlines = bool(getattr(backend, "own_deadlines", False))
-        self._probe = getattr(backend, "check_health", None)
+        # An in-process store answers at once (no round trip to guard, no over-limit cache).
+        self._decide_now = backend.decide_now if backend.in_process else None
         self.call_store = self._call_backend  # the one store call; tracing wraps it at start
         self._roundtrips = metrics.backend_calls.labels(backend.name)
         self._backend_errors = metrics.backend_errors.labels(backend.name, settings.failure_mode)
@@ -316,8 +313,7 @@ class RateLimiter:
                 verdict = self._decide_now(checks, now_ms, charge=False)
             else:
                 self._roundtrips.inc()
-                async with asyncio.timeout(self.settings.backend_timeout_ms / 1000):
-                    verdict = await self.backend.peek(checks, now_ms)
+                verdict = await within(self._own_budget(), self.backend.peek(checks, now_ms))
         except (BackendError, TimeoutError) as exc:
             self._backend_errors.inc()
             self._log_failure(exc)
@@ -352,8 +348,10 @@ class RateLimiter:
         if self._decide_now is not None:
             verdict = self._decide_now(checks, now_ms, charge=False)
         else:
-            async with asyncio.timeout(max(self.settings.backend_timeout_ms, 1000) / 1000):
-                verdict = await self.backend.peek(checks, now_ms)
+            budget = max(self.settings.backend_timeout_ms, 1000) / 1000
+            verdict = await within(
+                Deadline(self.lag, budget, budget), self.backend.peek(checks, now_ms)
+            )
         for check, out in zip(checks, verdict.outcomes, strict=True):
             result[check.descriptor].append((check.limit, out))
         return result
@@ -363,8 +361,7 @@ class RateLimiter:
     ) -> None:
         """Usage of a request that matched no limit: recorded, failures only counted."""
         try:
-            async with asyncio.timeout(self.settings.backend_timeout_ms / 1000):
-                await self.backend.record_usage(usage, ttl_ms, now_ms)
+            await within(self._own_budget(), self.backend.record_usage(usage, ttl_ms, now_ms))
         except (BackendError, TimeoutError) as exc:
             self._backend_errors.inc()
             self._log_failure(exc)
@@ -396,7 +393,7 @@ class RateLimiter:
     ) -> tuple[list[Outcome] | None, str]:
         if self._decide_now is not None:  # in-process store: nothing to wait for
             if usage:
-                self.backend.record_usage_now(usage, usage_ttl_ms, now_ms)  # type: ignore[attr-defined]
+                self.backend.record_usage_now(usage, usage_ttl_ms, now_ms)
             return self._decide_now(checks, now_ms).outcomes, ""
         backend = self.backend
         self._roundtrips.inc()
@@ -408,18 +405,12 @@ class RateLimiter:
         # With our own budget (no caller deadline), a store that used it is asked directly
         # before the call is given up: only a failed probe is evidence of a slow store.
         caller = budget_s is not None
-        deadline = Deadline(self.lag, budget, cap, None if caller else self._probe, caller)
+        probe = None if caller else backend.check_health
+        deadline = Deadline(self.lag, budget, cap, probe, caller)
         try:
-            if self._own_deadlines:
-                verdict = await backend.decide(  # type: ignore[call-arg]
-                    checks, now_ms, usage or (), usage_ttl_ms, deadline
-                )
-            else:
-                async with Guard(deadline):
-                    if usage:
-                        verdict = await backend.decide(checks, now_ms, usage, usage_ttl_ms)
-                    else:
-                        verdict = await backend.decide(checks, now_ms)
+            verdict = await decide_within(
+                backend, checks, deadline, now_ms, usage or (), usage_ttl_ms
+            )
         except StoreDown as exc:
             self._backend_errors.inc()
             self._log_failure(exc)
@@ -439,6 +430,11 @@ class RateLimiter:
             backend.suspect()
             return None, "store_slow"
         return verdict.outcomes, ""
+
+    def _own_budget(self) -> Deadline:
+        """The deadline of a call beside the decision (no caller's deadline, no probe)."""
+        budget = self.settings.backend_timeout_ms / 1000
+        return Deadline(self.lag, budget, budget)
 
     def _log_failure(self, exc: Exception) -> None:
         """At most one line per second, so a dead store cannot fill the disk."""

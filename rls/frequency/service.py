@@ -25,6 +25,7 @@ from rls.frequency.storage import (
     MemoryCounterStore,
     RedisCounterStore,
 )
+from rls.stores.redis import RedisBackend
 
 # (op, code) of the items the store did not answer as asked: their series exist from the start.
 FAILURE_ITEMS = (("add", "unavailable"), ("get", "unavailable"), ("get", "stale"))
@@ -86,8 +87,7 @@ class CountersService:
         prefix: str,
     ) -> CountersService:
         """The counters service on the RateLimit backend's store (Redis client, breaker)."""
-        client = getattr(backend, "client", None)
-        if client is None:  # a quarter of the memory store's budget (--memory-max-bytes)
+        if not isinstance(backend, RedisBackend):  # a quarter of the memory store's budget
             budget = getattr(backend, "max_bytes", None)
             memory = MemoryCounterStore(prefix) if budget is None else MemoryCounterStore(
                 prefix, max_bytes=budget // 4
@@ -95,15 +95,10 @@ class CountersService:
             return cls(memory, config, registry, prefix)
         channel = f"{prefix}counters:changed:" if config.hot_top_n > 0 else ""
         store = RedisCounterStore(
-            client,
-            prefix,
-            timeout_s=config.timeout_ms / 1000,
-            breaker=getattr(backend, "breaker", None),
-            channel=channel,
-            cluster=bool(getattr(backend, "cluster", False)),
-            slots=getattr(backend, "slots", None),
+            backend, prefix, timeout_s=config.timeout_ms / 1000, channel=channel
         )
-        return cls(store, config, registry, prefix, subscriber=client if channel else None)
+        subscriber = backend.client if channel else None
+        return cls(store, config, registry, prefix, subscriber=subscriber)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

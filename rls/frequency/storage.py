@@ -10,24 +10,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, Protocol
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
 from rls.frequency.model import MAX_LISTING, Item, Result, original_key
+from rls.stores.base import BackendError
+from rls.stores.deadline import Deadline, LoopLag
+from rls.stores.guard import Breaker
 from rls.stores.memory import DEFAULT_MAX_BYTES, ENTRY_BYTES, LOW_WATER, least_recent
-from rls.stores.pipelining import ScriptBatcher
+from rls.stores.redis import RedisBackend
+from rls.stores.redis.cluster import Cluster
 
 SCRIPT_FILE = "counters_window.lua"
 log = logging.getLogger("rls.counters")
 
 
-class CounterStoreError(Exception):
-    """The store could not answer the call at all: nothing is known to be charged."""
+# The store could not answer the call at all: nothing is known to be charged. The stores' one
+# error type (`StoreDown` while the breaker is open), under the name the service uses.
+CounterStoreError = BackendError
 
 
 class CounterStore(Protocol):
@@ -148,83 +151,47 @@ def _cost(key: str, entry: list[Any]) -> int:
 
 class RedisCounterStore:
     """Counters in Redis through `lua/counters_window.lua`: one EVALSHA per batch (one per
-    hash slot in Cluster mode), reloaded on NOSCRIPT; concurrent calls are pipelined.
+    hash slot in Cluster mode), reloaded on NOSCRIPT.
 
-    `client` is the RateLimit backend's own redis-py client (same pool, URL schemes, TLS);
-    `breaker` its circuit breaker: while open, calls fail at once instead of waiting.
+    It rides the RateLimit store (`backend`): its client (URL schemes, TLS), its breaker and
+    error mapping, and its way to Redis (`RedisBackend.script_call`): the lean connection on
+    standalone and Sentinel, where concurrent calls share one write as decisions do; redis-py
+    within the pool's bound on Cluster, judged by the breakers of each call's masters.
     """
 
     name = "redis"
 
     def __init__(
         self,
-        client: Any,
+        backend: RedisBackend,
         prefix: str = "rl:",
         timeout_s: float = 1.0,
-        breaker: Any = None,
         channel: str = "",
-        cluster: bool = False,
-        slots: asyncio.Semaphore | None = None,
     ) -> None:
-        self.client = client
+        self.backend = backend
+        self.client = backend.client
         self.prefix = prefix
         self.timeout_s = timeout_s
-        self.breaker = breaker
         self.channel = channel
-        self.cluster = cluster
-        self._script = client.register_script(script_text())
-        # Concurrent calls of this process share one pipelined round trip (as decisions do).
-        batcher = None if cluster else ScriptBatcher(client)
-        self._slots = slots  # Cluster: the store's bound on calls in flight (waits, never fails)
-        self._send: Any = (
-            (lambda keys, args: batcher(self._script, keys, args))
-            if batcher is not None
-            else self._bounded
-        )
+        self.cluster = backend.cluster
+        self._script = self.client.register_script(script_text())
+        self._lag = LoopLag()  # not ticking: a counters call's deadline is on the wall clock
 
-    async def _bounded(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """One script call, waiting for a slot of the shared Cluster pool when there is one
-        (redis-py's cluster client fails at once when a node's pool is busy)."""
-        if self._slots is None:
-            return await self._script(keys=keys, args=args)
-        async with self._slots:
-            return await self._script(keys=keys, args=args)
-
-    async def _timed(self, call: Awaitable[list[Result]]) -> list[Result]:
-        """`call` within the store timeout (asyncio.timeout: on Python 3.11 wait_for would
-        wrap every call in a new Task)."""
-        async with asyncio.timeout(self.timeout_s):
-            return await call
+    def _deadline(self) -> Deadline:
+        return Deadline(self._lag, self.timeout_s, self.timeout_s)
 
     async def run(
         self, mode: str, items: Sequence[Item], now_ms: int | None = None
     ) -> list[Result]:
-        breaker = self.breaker
-        if breaker is not None and not breaker.allow():
-            raise CounterStoreError("redis circuit open")
         try:
             if self.cluster:
-                results = await self._run_cluster(mode, items, now_ms)
-            else:
-                results = await self._timed(self._run_group(mode, items, now_ms))
-        except (TimeoutError, RedisTimeoutError) as exc:
-            if breaker is not None:
-                breaker.suspect()
+                return await self._run_cluster(mode, items, now_ms)
+            return await self._run_group(mode, items, now_ms, None)
+        except TimeoutError as exc:
             raise CounterStoreError(
                 f"redis timeout after {self.timeout_s * 1000:.0f} ms (an Add may or may not "
                 "have been applied)"
             ) from exc
-        except (RedisConnectionError, OSError) as exc:
-            if breaker is not None:
-                breaker.failure(str(exc))
-            raise CounterStoreError(f"redis: {exc}") from exc
-        except RedisError as exc:
-            if breaker is not None:
-                breaker.suspect()
-            raise CounterStoreError(f"redis: {exc}") from exc
-        if breaker is not None:
-            breaker.success()
-        return results
 
     async def _run_cluster(
         self, mode: str, items: Sequence[Item], now_ms: int | None
@@ -234,10 +201,12 @@ class RedisCounterStore:
         for i, item in enumerate(items):
             groups.setdefault(self.client.keyslot(item.base_key(self.prefix)), []).append(i)
         parts = list(groups.values())
+        nodes = self.backend.topology
+        assert isinstance(nodes, Cluster)
         answers = await asyncio.gather(
             *(
-                self._timed(self._run_group(mode, [items[i] for i in idx], now_ms))
-                for idx in parts
+                self._run_group(mode, [items[i] for i in idx], now_ms, nodes.owners(slot))
+                for slot, idx in zip(groups, parts, strict=True)
             ),
             return_exceptions=True,
         )
@@ -252,28 +221,34 @@ class RedisCounterStore:
             for i, res in zip(idx, answer, strict=True):
                 results[i] = res
         if failures == len(parts):
-            raise CounterStoreError(f"redis: {answers[0]!r}")
+            first = answers[0]
+            if isinstance(first, (BackendError, TimeoutError)):
+                raise first
+            raise CounterStoreError(f"redis: {first!r}")
         return results
 
     async def _run_group(
-        self, mode: str, items: Sequence[Item], now_ms: int | None
+        self, mode: str, items: Sequence[Item], now_ms: int | None, breaker: Breaker | None
     ) -> list[Result]:
         # Bounds are computed from our clock; the script picks by the store's. Items whose
         # store time fell outside (our clock off by more than a window) are sent once more
         # with bounds computed from the store's time that the first call returned.
         clock = int(time.time() * 1000) if now_ms is None else now_ms
-        now, results = await self._call(mode, items, clock, now_ms)
+        now, results = await self._call(mode, items, clock, now_ms, breaker)
         retry = [i for i, r in enumerate(results) if r is None]
         if retry:
-            _, again = await self._call(mode, [items[i] for i in retry], now, now_ms)
+            _, again = await self._call(mode, [items[i] for i in retry], now, now_ms, breaker)
             for i, res in zip(retry, again, strict=True):
-                results[i] = res if res is not None else Result(
-                    "unavailable", "store clock moved outside the window bounds"
-                )
-        return results  # type: ignore[return-value]
+                results[i] = res
+        return [
+            res if res is not None
+            else Result("unavailable", "store clock moved outside the window bounds")
+            for res in results
+        ]
 
     async def _call(
-        self, mode: str, items: Sequence[Item], bounds_ms: int, now_ms: int | None
+        self, mode: str, items: Sequence[Item], bounds_ms: int, now_ms: int | None,
+        breaker: Breaker | None,
     ) -> tuple[int, list[Result | None]]:
         keys = []
         sets: dict[tuple[int, ...], int] = {}
@@ -301,7 +276,9 @@ class RedisCounterStore:
             ";".join(specs),
             *originals,
         ]
-        reply = await self._send(keys, args)
+        reply = await self.backend.script_call(
+            self._script, keys, args, self._deadline(), breaker
+        )
         now = int(reply[0])
         out: list[Result | None] = []
         for o in range(1, len(reply), 4):

@@ -40,7 +40,6 @@ at the first grant and restart at every window push of an idle bucket, not at a 
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +52,8 @@ from rls.engine.candidates import batch_verdict
 from rls.quota.ledger import Grant, Ledger
 from rls.quota.pacing import IDLE_SHARE_DIVISOR, fair_cap, paced
 from rls.stores.base import Backend, BackendError
+from rls.stores.deadline import Deadline, LoopLag
+from rls.stores.guard import decide_within
 
 SUPPORTED_ALGORITHMS = frozenset({"fixed_window"})
 WINDOW_TOLERANCE_MS = 500  # a reported reset later than this past the known end = new window
@@ -169,13 +170,12 @@ class Dealer:
 
     async def _call(self, checks: list[Check]) -> tuple[bool, list[Outcome]]:
         """One atomic step on the store (raises BackendError / TimeoutError)."""
+        # The store's one guarded call; a LoopLag that does not tick: wall-clock time.
+        deadline = Deadline(LoopLag(), self.timeout, self.timeout)
         try:
-            async with asyncio.timeout(self.timeout):
-                verdict = await self.backend.decide(checks)
+            verdict = await decide_within(self.backend, checks, deadline)
         except TimeoutError:
-            suspect = getattr(self.backend, "suspect", None)  # stores with a health probe
-            if suspect is not None:
-                suspect()
+            self.backend.suspect()
             raise
         return verdict.admitted, verdict.outcomes
 

@@ -16,7 +16,7 @@ import yaml
 from rls.config.errors import ConfigError
 from rls.config.loader import is_cache_doc, read_text  # the loader's budgets and rule
 from rls.config.yaml_source import parse_yaml
-from rls.stores.urls import redact, url_problem
+from rls.stores.redis.urls import redact, url_problem
 
 API_ATTRIBUTE = "xds.route_metadata.filter_metadata['gateway']['api']"
 DAY = 86400

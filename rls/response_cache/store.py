@@ -1,9 +1,12 @@
 """Cache stores: Redis, SSDB (a strict Redis-protocol subset) and in-process memory.
 
-Every operation has a short deadline (default 50 ms, `store_timeout_ms`). A failure or a timeout
-raises `StoreError`; the cache then lets the request go upstream uncached. After
-`FAILURES_TO_TRIP` consecutive failures the store is marked down for `DOWN_SECONDS` and fails
-fast (`StoreDown`) instead of making every request wait for a dead server's timeout.
+Every operation has a short deadline (default 50 ms, `store_timeout_ms`) and runs the stores'
+one way (`rls.stores.guard.StoreGuard`): a failure or a timeout raises `StoreError`; the cache
+then lets the request go upstream uncached. The store's `CircuitBreaker` (the counter stores'
+own) opens on evidence (`FAILURES_TO_TRIP` connection errors in a row, or a failed probe after
+a timeout or an odd answer): the store is then marked down and fails fast (`StoreDown`) instead
+of making every request wait for a dead server's timeout, until a probe (a PING within the same
+deadline) finds it answering again.
 
 URL schemes: `redis://`, `rediss://`, `unix://` (redis-py, RESP3 as it likes; GET, SET PX,
 PEXPIRE), `ssdb://[:password@]host:port` (same client restricted to GET, SETEX, EXPIRE over
@@ -13,7 +16,6 @@ process, an LRU bounded in bytes; for tests, demos and single-process use).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from abc import ABC, abstractmethod
@@ -29,26 +31,31 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from rls.response_cache.metrics import CacheMetrics
-from rls.stores.connect import connect
+from rls.stores.base import BackendError, StoreDown
+from rls.stores.breaker import CircuitBreaker
+from rls.stores.deadline import Deadline, LoopLag
+from rls.stores.guard import Breaker, StoreGuard, within
+from rls.stores.redis.connect import connect
+from rls.stores.redis.errors import judge
+
+__all__ = [
+    "GuardedStore", "MemoryCacheStore", "RedisCacheStore", "StoreDown", "StoreError",
+    "bound_key", "create_store",
+]
 
 T = TypeVar("T")
 
 MAX_KEY_BYTES = 255  # SSDB's limit (longer keys error on write and look like misses on read)
 VERSION_TTL = 10 * 365 * 86400  # SSDB mode only: every SSDB write carries a TTL (SETEX)
 FAILURES_TO_TRIP = 3
-DOWN_SECONDS = 1.0
+PROBE_INTERVAL_S = 0.1
+PROBE_KEY = "rls:cache:probe"  # while marked down, the store is pinged this often
 
 
-class StoreError(Exception):
-    """A store operation failed or timed out; `op` names it for the errors metric."""
-
-    def __init__(self, op: str, message: str) -> None:
-        super().__init__(f"cache store {op}: {message}")
-        self.op = op
-
-
-class StoreDown(StoreError):
-    """The store is marked down after repeated failures; the operation was not attempted."""
+# A store operation failed or timed out (`op` names it for the errors metric); `StoreDown`: the
+# store is marked down (its breaker is open) and the operation was not attempted. The stores'
+# one error type, under the names the cache uses.
+StoreError = BackendError
 
 
 def bound_key(key: str) -> str:
@@ -60,37 +67,49 @@ def bound_key(key: str) -> str:
     return f"{head}#{hashlib.sha256(raw).hexdigest()}"
 
 
+def _timed_out(exc: Exception, breaker: Breaker) -> str | None:
+    """The redis errors' meaning, and a timeout named (TimeoutError's text is empty)."""
+    why = judge(exc, breaker)
+    return why if why is None or why else type(exc).__name__
+
+
 class GuardedStore(ABC):
-    """Deadline and down-marking shared by every backend."""
+    """Deadline and breaker shared by every backend (the stores' `StoreGuard`)."""
 
     name = "store"
 
     def __init__(self, timeout_ms: int = 50) -> None:
         self.timeout = timeout_ms / 1000
-        self._failures = 0
-        self._down_until = 0.0
+        self._lag = LoopLag()  # not ticking: a cache operation's deadline is on the wall clock
+        self.breaker = CircuitBreaker("cache store", FAILURES_TO_TRIP,
+                                      self._probe, probe_interval=PROBE_INTERVAL_S)
+        self._guard = StoreGuard(self.breaker, _timed_out, "cache store")
 
     @property
     def down(self) -> bool:
-        return time.monotonic() < self._down_until
+        return not self.breaker.allow()
+
+    def _deadline(self) -> Deadline:
+        return Deadline(self._lag, self.timeout, self.timeout)
 
     async def _run(self, op: str, call: Awaitable[T]) -> T:
-        if self.down:
-            if asyncio.iscoroutine(call):
-                call.close()
-            raise StoreDown(op, "marked down after repeated failures")
         try:
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for wraps every call in a
-            # new Task (extra loop turns and allocations on each lookup)
-            async with asyncio.timeout(self.timeout):
-                result = await call
-        except (TimeoutError, RedisError, OSError) as exc:
-            self._failures += 1
-            if self._failures >= FAILURES_TO_TRIP:
-                self._down_until = time.monotonic() + DOWN_SECONDS
-            raise StoreError(op, str(exc) or type(exc).__name__) from exc
-        self._failures = 0
-        return result
+            return await self._guard.run(call, self._deadline(), op=op)
+        except TimeoutError as exc:
+            raise StoreError(f"cache store {op}: timed out after {self.timeout * 1000:.0f} ms",
+                             op) from exc
+
+    async def _probe(self) -> bool:
+        """Whether the store answers within one operation's deadline."""
+        try:
+            await within(self._deadline(), self._ping())
+        except (TimeoutError, RedisError, OSError):
+            return False
+        return True
+
+    async def _ping(self) -> None:
+        """A read of the store itself (a Redis store PINGs)."""
+        await self._get(PROBE_KEY)
 
     async def get(self, key: str) -> bytes | None:
         return await self._run("get", self._get(bound_key(key)))
@@ -108,7 +127,7 @@ class GuardedStore(ABC):
         await self._run("purge", self._set_version(bound_key(key), value))
 
     async def close(self) -> None:
-        return None
+        await self.breaker.stop()
 
     def bind_metrics(self, metrics: CacheMetrics) -> None:
         """Hook for stores with metrics of their own (the memory store's size)."""
@@ -213,7 +232,11 @@ class RedisCacheStore(GuardedStore):
         else:
             await self.client.set(key, value)
 
+    async def _ping(self) -> None:
+        await self.client.ping()
+
     async def close(self) -> None:
+        await super().close()
         await self.client.aclose()
 
 

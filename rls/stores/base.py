@@ -1,16 +1,26 @@
-"""What the limiter needs from a counter store: decide a whole request in one atomic step."""
+"""What the engine, the quota dealer, the frequency counters and the response cache need from a
+store: the one contract (`Backend`), the one error type (`BackendError`, `StoreDown` while a
+breaker is open)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from rls.core.model import Check, Verdict
 from rls.core.usage import UsageOp
+from rls.stores.deadline import Deadline
 
 
 class BackendError(Exception):
-    """The store could not answer (down, slow, out of memory); the failure mode applies."""
+    """The store could not answer (down, slow, out of memory); the failure mode applies.
+
+    `op` names the operation for callers that count errors per operation (the response cache's
+    errors metric); empty elsewhere."""
+
+    def __init__(self, message: str = "", op: str = "") -> None:
+        super().__init__(message)
+        self.op = op
 
 
 class StoreDown(BackendError):
@@ -20,6 +30,12 @@ class StoreDown(BackendError):
 
 class Backend(Protocol):
     name: str
+    # True: decide() watches the `deadline` it is handed itself (the Redis wire: one timer per
+    # batch); False: it never waits on anything (the in-process store).
+    own_deadlines: bool
+    # True: decide_now / record_usage_now answer at once, in this process (no round trip to
+    # guard, no over-limit cache needed); False: they raise BackendError.
+    in_process: bool
 
     async def decide(
         self,
@@ -27,6 +43,7 @@ class Backend(Protocol):
         now_ms: int | None = None,
         usage: Sequence[UsageOp] = (),
         usage_ttl_ms: int = 0,
+        deadline: Deadline | None = None,
     ) -> Verdict:
         """Evaluate every check, charge per the admission rule, all atomically.
 
@@ -34,14 +51,28 @@ class Backend(Protocol):
         into one before calling (see limiter._merge_same_counter).
 
         `now_ms` overrides the store's clock (tests, replay); None uses the store's own clock
-        (Redis TIME for Redis, so every replica agrees).
+        (Redis TIME for Redis, so every replica agrees). `deadline`: the call's budget; when it
+        expires the call raises TimeoutError and `deadline.reason` says why (run calls through
+        `rls.stores.guard.decide_within`, which applies it to any store).
         """
+        ...
+
+    def decide_now(
+        self, checks: Sequence[Check], now_ms: int | None = None, charge: bool = True
+    ) -> Verdict:
+        """An in-process store's decision, at once (`charge=False`: evaluate only)."""
         ...
 
     async def record_usage(
         self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
     ) -> None:
         """Usage statistics of a request that matched no limit (else they ride in decide)."""
+        ...
+
+    def record_usage_now(
+        self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
+    ) -> None:
+        """An in-process store's record_usage, at once."""
         ...
 
     async def usage_value(self, kind: str, key: str) -> int:
@@ -60,4 +91,9 @@ class Backend(Protocol):
 
     def suspect(self) -> None:
         """A call used its whole store budget: check the store's health (no-op in memory)."""
+        ...
+
+    def check_health(self) -> Awaitable[bool]:
+        """Whether the store answers a probe now (shared by every call that asks meanwhile);
+        the deadline of a call without a caller's deadline asks it before giving up."""
         ...

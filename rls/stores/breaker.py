@@ -55,7 +55,7 @@ class CircuitBreaker:
 
     def report(self, state: str) -> None:
         """Show `state` to this breaker's watcher (the gauge) without changing this breaker:
-        on Cluster, the masters' own breakers summed up (stores/node_breakers.py)."""
+        on Cluster, the masters' own breakers summed up (stores/redis/node_breakers.py)."""
         if self._on_change is not None:
             self._on_change(state)
 

@@ -17,14 +17,13 @@ the failure mode answered everything, uncounted). Here:
   named when it used most of that time (a stalled store gets the failure mode, never a refusal).
 
 These live with the stores, not the engine, because the lean Redis connection applies them
-itself (`stores/wire.py`: one timer per batch of calls instead of a timeout per call).
+itself (`stores/redis/wire.py`: one timer per batch of calls instead of a timeout per call).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 
 STORE_SLOW = "store_slow"
 OVERLOADED = "overloaded"
@@ -84,9 +83,10 @@ Probe = Callable[[], Awaitable[bool]]
 class Deadline:
     """One store call's budget, its hard cap and, once it expired, why (`reason`).
 
-    The rule is here once; two drivers apply it: `Guard` (a call awaited through redis-py,
-    cancelled by `asyncio.timeout`) and the lean connection's batch timer (`stores/wire.py`:
-    one timer handle for all the calls written in one loop turn, no Task or timeout per call).
+    The rule is here once; two drivers apply it: `rls.stores.guard.within` (a call awaited
+    through redis-py, given up at expiry) and the lean connection's batch timer
+    (`stores/redis/wire.py`: one timer handle for all the calls written in one loop turn, no
+    Task or timeout per call).
 
     - The store's time is the wall clock less what the loop lost meanwhile (`LoopLag`).
     - Store time past `budget`: `store_slow` at once, or, with `probe` (our own budget, no
@@ -179,42 +179,3 @@ class Deadline:
         """The call ended: nothing may expire it any more."""
         self.finished = True
         self.on_expire = None
-
-
-class Guard:
-    """`async with Guard(deadline):` raises TimeoutError when `deadline` expires (its `reason`
-    says why), for a call that must be cancelled to stop waiting (redis-py)."""
-
-    __slots__ = ("_deadline", "_handle", "_loop", "_timeout")
-
-    def __init__(self, deadline: Deadline) -> None:
-        self._deadline = deadline
-        self._loop = asyncio.get_running_loop()
-        self._timeout = asyncio.timeout(None)
-        self._handle: asyncio.TimerHandle | None = None
-
-    async def __aenter__(self) -> Deadline:
-        await self._timeout.__aenter__()
-        deadline = self._deadline
-        deadline.on_expire = self._fire
-        self._handle = self._loop.call_at(deadline.first_check(), self._check)
-        return deadline
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        self._deadline.done()
-        if self._handle is not None:
-            self._handle.cancel()
-        await self._timeout.__aexit__(kind, exc, tb)  # raises TimeoutError when it fired
-        return None
-
-    def _fire(self) -> None:
-        self._timeout.reschedule(self._loop.time())  # expire on the next loop turn
-
-    def _check(self) -> None:
-        when = self._deadline.check(self._loop.time())
-        self._handle = None if when is None else self._loop.call_at(when, self._check)

@@ -31,6 +31,7 @@ from rls.core.admission import admit
 from rls.core.algorithms import ALGORITHMS
 from rls.core.model import NEGATIVE, Check, Outcome, Verdict
 from rls.core.usage import UsageOp
+from rls.stores.deadline import Deadline
 
 # Estimated bytes of one counter besides its key's characters: dict slot, key object, state
 # tuple, expiry int (measured with 1M keys of fixed_window, sliding_window, token_bucket).
@@ -54,6 +55,8 @@ def least_recent(data: dict[str, Any], excess: float, cost: Callable[[str, Any],
 
 class MemoryBackend:
     name = "memory"
+    own_deadlines = True  # decide() never waits: no deadline can expire before it answers
+    in_process = True
 
     def __init__(
         self,
@@ -93,12 +96,16 @@ class MemoryBackend:
     def suspect(self) -> None:
         """In-process: nothing to probe."""
 
+    async def check_health(self) -> bool:
+        return True
+
     async def decide(
         self,
         checks: Sequence[Check],
         now_ms: int | None = None,
         usage: Sequence[UsageOp] = (),
         usage_ttl_ms: int = 0,
+        deadline: Deadline | None = None,
     ) -> Verdict:
         if usage:
             self.record_usage_now(usage, usage_ttl_ms, now_ms)

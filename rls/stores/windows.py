@@ -4,7 +4,7 @@ A plain fixed window (epoch-aligned, no overdraft, not rolling, no calendar: `co
 keeps its usage as a plain integer in a key of its own window, `<counter key>@<window index>`,
 like envoyproxy/ratelimit's `..._<window start>` keys. A check then costs Redis one read and
 its charge one INCRBY: no window start to compare, no value to parse or format, no TIME call.
-The client picks the window on the store's clock (rls/stores/clock.py), so replicas agree on
+The client picks the window on the store's clock (rls/stores/redis/clock.py), so replicas agree on
 it; a replica a little off only writes its last or first hits of a window into the neighbour
 window's key, and a key never holds more than its limit, whatever the clocks.
 

@@ -9,7 +9,7 @@ from rls.config.errors import ConfigError
 from rls.config.loader import load_files
 from rls.core.algorithms import ALGORITHMS, REGISTRY
 from rls.core.algorithms.registry import ALGORITHM_NAMES, BURST_ALGORITHMS, KEY_TAGS
-from rls.stores.scripts import ALGORITHM_FILES, decide_script
+from rls.stores.redis.scripts import ALGORITHM_FILES, decide_script
 
 
 def test_ids_tags_and_names_are_unique():

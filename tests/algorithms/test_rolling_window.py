@@ -181,10 +181,12 @@ async def test_rolling_limits_never_take_the_lean_script(redis_url: str) -> None
     backend = RedisBackend(redis_url)
     try:
         plain = Limit(requests_per_unit=3, unit=Unit.MINUTE)
-        script, *_ = backend._script_args([check(plain, "a")], T, "d")
-        assert script is backend._lean
-        script, *_ = backend._script_args([check(plain, "a"), check(rolling(), "b")], T, "d")
-        assert script is not backend._lean
+        script, *_ = backend.scripts.args([check(plain, "a")], T, "d", backend.clock.now_ms)
+        assert script is backend.scripts.lean
+        script, *_ = backend.scripts.args(
+            [check(plain, "a"), check(rolling(), "b")], T, "d", backend.clock.now_ms
+        )
+        assert script is not backend.scripts.lean
     finally:
         await backend.close()
 

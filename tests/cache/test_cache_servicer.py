@@ -8,7 +8,7 @@ import time
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from rls.response_cache.store import MemoryCacheStore, StoreError
+from rls.response_cache.store import MemoryCacheStore, StoreDown
 from rls.services.extproc import (
     DETAILS,
     REQUEST_BODY_AND_RESPONSE_HEADERS,
@@ -351,14 +351,22 @@ async def test_store_failure_means_uncached(store: type) -> None:
     assert cache.metrics.bypasses.labels("store_error")._value.get() == 1
 
 
-async def test_store_marked_down_after_repeated_failures() -> None:
-    service, cache = make_service(store=FailingStore(timeout_ms=20))
+async def test_store_marked_down_after_failures_and_a_failed_probe() -> None:
+    """A connection error is evidence: the store's breaker (the counter stores' one) probes it
+    at once and at the latest opens on the third error in a row; then lookups are not even
+    tried (store_down) while the probe keeps failing."""
+    store = FailingStore(timeout_ms=20)
+    service, cache = make_service(store=store)
     for _ in range(5):
         await run(service, [request_headers("GET", "/items", api="items")])
-    assert cache.metrics.errors.labels("version")._value.get() == 3
-    assert cache.metrics.bypasses.labels("store_down")._value.get() == 2
-    with pytest.raises(StoreError):
+        await asyncio.sleep(0)  # the probe's turn
+    errors = cache.metrics.errors.labels("version")._value.get()
+    down = cache.metrics.bypasses.labels("store_down")._value.get()
+    assert 1 <= errors <= 3 and errors + down == 5
+    assert store.down
+    with pytest.raises(StoreDown):
         await cache.store.get("x")
+    await store.close()
 
 
 COALESCE = """

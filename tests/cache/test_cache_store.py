@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from conftest import RedisServer, free_port, start_redis
+from conftest import RedisServer, free_port, start_redis, wait_until
 from prometheus_client import CollectorRegistry
 
 from rls.response_cache.cache import ResponseCache
@@ -152,17 +152,27 @@ async def test_pooled_connections_survive_a_store_restart() -> None:
         server.stop()
 
 
-async def test_unreachable_store_errors_then_is_marked_down() -> None:
-    store = create_store(f"redis://127.0.0.1:{free_port()}/0", timeout_ms=50)
-    for _ in range(3):
-        with pytest.raises(StoreError) as info:
-            await store.get("k")
-        assert not isinstance(info.value, StoreDown)
-        assert info.value.op == "get"
-    assert store.down
-    with pytest.raises(StoreDown):
+async def test_unreachable_store_errors_then_is_marked_down_until_it_answers() -> None:
+    port = free_port()
+    store = create_store(f"redis://127.0.0.1:{port}/0", timeout_ms=50)
+    with pytest.raises(StoreError) as info:
+        await store.get("k")
+    assert not isinstance(info.value, StoreDown)
+    assert info.value.op == "get"
+    # the refusal is evidence: the breaker's probe finds the store dead and marks it down
+    # polled from a thread: the event loop runs the breaker's probe meanwhile
+    await asyncio.to_thread(wait_until, lambda: store.down, 5, "the store marked down")
+    with pytest.raises(StoreDown) as down:
         await store.set("k", b"v", 1)
-    await store.close()
+    assert down.value.op == "set"
+    server = start_redis(port=port)
+    try:  # the probe finds it back: calls go to the store again
+        await asyncio.to_thread(wait_until, lambda: not store.down, 5, "the store marked up")
+        await store.set("k", b"v", 1)
+        assert await store.get("k") == b"v"
+    finally:
+        await store.close()
+        server.stop()
 
 
 def test_store_urls() -> None:

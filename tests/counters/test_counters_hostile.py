@@ -17,7 +17,6 @@ from typing import Any
 
 import grpc
 import pytest
-import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 from support.net import http_call
 
@@ -36,6 +35,7 @@ from rls.frequency.proto import counters_pb2 as pb
 from rls.frequency.proto import counters_pb2_grpc
 from rls.frequency.service import CountersService
 from rls.frequency.storage import MemoryCounterStore, RedisCounterStore, _cost
+from rls.stores.redis import RedisBackend
 
 TOKEN = "c0unters"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -138,10 +138,11 @@ async def service(request):
     if request.param == "memory":
         yield CountersService(MemoryCounterStore(), CFG, CollectorRegistry())
         return
-    client = aioredis.from_url(request.getfixturevalue("redis_url"))
+    backend = RedisBackend(request.getfixturevalue("redis_url"))
+    client = backend.client
     await client.flushall()
-    yield CountersService(RedisCounterStore(client), CFG, CollectorRegistry())
-    await client.aclose()
+    yield CountersService(RedisCounterStore(backend), CFG, CollectorRegistry())
+    await backend.close()
 
 
 def test_per_unit_span_bounds_are_the_documented_ones() -> None:
@@ -202,16 +203,17 @@ async def test_listing_stops_at_the_cap_and_shows_every_original_key(service) ->
 
 
 async def test_a_key_that_is_not_a_counter_is_skipped_not_fatal(redis_url) -> None:
-    client = aioredis.from_url(redis_url)
+    backend = RedisBackend(redis_url)
+    client = backend.client
     await client.flushall()
-    service = CountersService(RedisCounterStore(client), CFG, CollectorRegistry())
+    service = CountersService(RedisCounterStore(backend), CFG, CollectorRegistry())
     try:
         await service.add([make_item(CFG, "plain", f"k:{i}", 1, "day") for i in range(3)])
         await client.set("rl:c{5:plain:-4:junk:1Dc:UTC}:0", "a string")  # WRONGTYPE for HMGET
         await client.hset("rl:c{5:plain:-3:bad:1Dc:UTC}:0", "c", "not a number")
         listed = await service.listing("plain")
     finally:
-        await client.aclose()
+        await backend.close()
     assert sorted(c["original"] for c in listed["counters"]) == ["k:0", "k:1", "k:2"]
     assert listed["skipped"] == 2 and listed["truncated"] is False
 

@@ -24,6 +24,7 @@ from rls.frequency.model import (
 )
 from rls.frequency.service import CountersService
 from rls.frequency.storage import CounterStoreError, MemoryCounterStore, RedisCounterStore
+from rls.stores.redis import RedisBackend
 
 SH = ZoneInfo("Asia/Shanghai")
 
@@ -48,10 +49,10 @@ async def service(request):
         yield svc
         return
     url = request.getfixturevalue("redis_url")
-    client = aioredis.from_url(url)
-    svc = CountersService(RedisCounterStore(client), CFG, CollectorRegistry())
+    backend = RedisBackend(url)
+    svc = CountersService(RedisCounterStore(backend), CFG, CollectorRegistry())
     yield svc
-    await client.aclose()
+    await backend.close()
 
 
 async def test_add_answers_count_and_seconds_left_in_natural_day(service):
@@ -209,9 +210,10 @@ async def test_rolling_window_rolls_over_after_its_length():
 
 
 async def test_redis_rolling_window_keeps_its_first_hit_expiry(redis_url):
-    client = aioredis.from_url(redis_url)
+    backend = RedisBackend(redis_url)
+    client = backend.client
     try:
-        svc = CountersService(RedisCounterStore(client), CFG, CollectorRegistry())
+        svc = CountersService(RedisCounterStore(backend), CFG, CollectorRegistry())
         it = item(key="roll3", unit="hour", window="rolling_from_first_hit")
         await svc.add([it])
         key = it.base_key("rl:") + ":r"
@@ -220,7 +222,7 @@ async def test_redis_rolling_window_keeps_its_first_hit_expiry(redis_url):
         assert (second.freq, second.ttl) == (2, 2)
         assert 0 < await client.pttl(key) <= 1500
     finally:
-        await client.aclose()
+        await backend.close()
 
 
 # --- Redis specifics -------------------------------------------------------------------------
@@ -230,10 +232,12 @@ async def test_redis_calendar_bounds_follow_store_clock_not_host(redis_url, monk
     """Our host clock is a full day behind; the script still counts in the store's day."""
     import rls.frequency.storage as stores
 
-    client = aioredis.from_url(redis_url)
+    backend = RedisBackend(redis_url)
+
+    client = backend.client
     try:
         sec, _ = await client.time()
-        store = RedisCounterStore(client)
+        store = RedisCounterStore(backend)
         svc = CountersService(store, CFG, CollectorRegistry())
         it = item(key="skew", tz="UTC")
         (right,) = await svc.add([it])
@@ -243,13 +247,14 @@ async def test_redis_calendar_bounds_follow_store_clock_not_host(redis_url, monk
         midnight = (sec // 86_400 + 1) * 86_400
         assert abs(skewed.ttl - (midnight - sec)) <= 2
     finally:
-        await client.aclose()
+        await backend.close()
 
 
 async def test_redis_per_item_failure_is_reported_on_that_item(redis_url):
-    client = aioredis.from_url(redis_url)
+    backend = RedisBackend(redis_url)
+    client = backend.client
     try:
-        svc = CountersService(RedisCounterStore(client), CFG, CollectorRegistry())
+        svc = CountersService(RedisCounterStore(backend), CFG, CollectorRegistry())
         good, bad = item(key="good", tz="UTC"), item(key="bad", tz="UTC")
         sec, _ = await client.time()
         start = sec // 86_400 * 86_400 * 1000
@@ -258,14 +263,14 @@ async def test_redis_per_item_failure_is_reported_on_that_item(redis_url):
         assert results[0].code == "ok" and results[0].freq == 1
         assert results[1].code == "unavailable" and "WRONGTYPE" in results[1].message
     finally:
-        await client.aclose()
+        await backend.close()
 
 
 async def test_redis_down_add_raises_and_get_answers_last_known_value_stale():
     own = start_redis()
-    client = aioredis.from_url(own.url)
+    backend = RedisBackend(own.url)
     registry = CollectorRegistry()
-    svc = CountersService(RedisCounterStore(client, timeout_s=0.5), CFG, registry)
+    svc = CountersService(RedisCounterStore(backend, timeout_s=0.5), CFG, registry)
     it = item(key="s", tz="UTC")
     try:
         (a,) = await svc.add([it])
@@ -280,7 +285,7 @@ async def test_redis_down_add_raises_and_get_answers_last_known_value_stale():
         assert unknown.code == "unavailable" and not unknown.stale
     finally:
         own.stop()
-        await client.aclose()
+        await backend.close()
 
 
 async def test_stale_cache_is_bounded_in_entries_and_bytes():
@@ -313,17 +318,18 @@ class Replicas:
 
 @pytest.fixture
 async def replicas(redis_url):
-    ca, cb = aioredis.from_url(redis_url), aioredis.from_url(redis_url)
-    a = CountersService(RedisCounterStore(ca, channel=CHANNEL), HOT_CFG, CollectorRegistry(),
+    ba, bb = RedisBackend(redis_url), RedisBackend(redis_url)
+    ca, cb = ba.client, bb.client
+    a = CountersService(RedisCounterStore(ba, channel=CHANNEL), HOT_CFG, CollectorRegistry(),
                         subscriber=ca)
-    b = CountersService(RedisCounterStore(cb, channel=CHANNEL), HOT_CFG, CollectorRegistry())
+    b = CountersService(RedisCounterStore(bb, channel=CHANNEL), HOT_CFG, CollectorRegistry())
     await a.start()
     try:
         yield Replicas(a, b, ca, cb)
     finally:
         await a.close()
-        await ca.aclose()
-        await cb.aclose()
+        await ba.close()
+        await bb.close()
 
 
 async def test_hot_key_served_locally_and_invalidated_by_other_replicas_add(replicas):
@@ -363,9 +369,10 @@ async def test_hot_key_served_locally_and_invalidated_by_other_replicas_add(repl
 
 
 async def test_redis_batch_of_30_is_one_script_call(redis_url):
-    client = aioredis.from_url(redis_url)
+    backend = RedisBackend(redis_url)
+    client = backend.client
     try:
-        svc = CountersService(RedisCounterStore(client), CFG, CollectorRegistry())
+        svc = CountersService(RedisCounterStore(backend), CFG, CollectorRegistry())
         batch = [item(key=f"one{i}", unit=("day", "hour")[i % 2]) for i in range(30)]
         await svc.add(batch[:1])  # loads the script
         await client.config_resetstat()
@@ -375,7 +382,7 @@ async def test_redis_batch_of_30_is_one_script_call(redis_url):
         assert stats["cmdstat_evalsha"]["calls"] == 2
         assert "cmdstat_hincrby" in stats  # the script did the work
     finally:
-        await client.aclose()
+        await backend.close()
 
 
 async def test_adds_to_counters_nobody_caches_send_no_invalidation(replicas):

@@ -19,7 +19,7 @@ import pytest
 import redis as redis_py
 from conftest import RedisServer, start_redis
 
-from rls.stores.scripts import lean_script
+from rls.stores.redis.scripts import lean_script
 
 from .harness import (
     FAST_FAILOVER,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rls.response_cache.config import load_cache_config
-from rls.stores.urls import normalize_redis_url
+from rls.stores.redis.urls import normalize_redis_url
 
 from .helpers import ROOT
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rls.stores.urls import bare_url_problem, url_problem
+from rls.stores.redis.urls import bare_url_problem, url_problem
 
 from .helpers import rls
 

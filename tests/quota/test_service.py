@@ -119,7 +119,7 @@ def test_rolling_window_limit_is_unmatched_and_logged(caplog) -> None:
 
 
 class DeadStore(MemoryBackend):
-    async def decide(self, checks, now_ms=None, usage=(), usage_ttl_ms=0):
+    async def decide(self, checks, now_ms=None, usage=(), usage_ttl_ms=0, deadline=None):
         raise BackendError("redis: connection refused")
 
 

@@ -128,7 +128,7 @@ def test_lost_race_with_another_process_shrinks_the_grant() -> None:
     class Racing(MemoryBackend):
         calls = 0
 
-        async def decide(self, checks, now_ms=None, usage=(), usage_ttl_ms=0):
+        async def decide(self, checks, now_ms=None, usage=(), usage_ttl_ms=0, deadline=None):
             Racing.calls += 1
             if Racing.calls == 2:  # between settle and grant, someone else takes 7
                 self.decide_now([Check(0, limit, "k", 7)])

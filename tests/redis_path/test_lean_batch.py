@@ -1,5 +1,5 @@
 """Several plain fixed-window requests queued in one loop turn go to Redis as one EVALSHA of
-lua/decide_fixed_window_batch.lua (rls/stores/scripts.py `LeanBatch`), each still decided
+lua/decide_fixed_window_batch.lua (rls/stores/redis/scripts.py `LeanBatch`), each still decided
 all-or-nothing, in order.
 
 - Differential: a batch decided on Redis answers, request by request, what the memory store
@@ -21,7 +21,7 @@ from rls.config.model import Limit, Unit
 from rls.core.model import Check
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
-from rls.stores.scripts import BATCH_MIN_DEPTH
+from rls.stores.redis.scripts import BATCH_MIN_DEPTH
 
 NOW = 1_700_000_000_000
 _RUN = itertools.count()

@@ -1,6 +1,6 @@
 """The Redis path's scripts: one small script per request shape, loaded on demand.
 
-Pins what rls/stores/scripts.py promises: a plain fixed-window request runs the lean script,
+Pins what rls/stores/redis/scripts.py promises: a plain fixed-window request runs the lean script,
 a request mixing algorithms is still one EVALSHA deciding all checks atomically, NOSCRIPT
 (SCRIPT FLUSH, a restarted Redis) is recovered on the direct, batched and usage paths, and the
 log algorithms stay exact (against the memory backend) with long logs and weighted hits,
@@ -23,7 +23,7 @@ from rls.core.algorithms.base import GRACE_MS
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
-from rls.stores.scripts import decide_script, lean_script
+from rls.stores.redis.scripts import decide_script, lean_script
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The store's clock read locally (rls/stores/clock.py): plain fixed windows are picked by the
+"""The store's clock read locally (rls/stores/redis/clock.py): plain fixed windows are picked by the
 client, so every replica must read the window off Redis's clock, not its host's."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from conftest import RedisServer, start_redis
 
 from rls.config.model import Limit, Unit
 from rls.core.model import Check
-from rls.stores.clock import StoreClock
 from rls.stores.redis import RedisBackend
+from rls.stores.redis.clock import StoreClock
 
 HOUR_MS = 3_600_000
 

@@ -1,4 +1,4 @@
-"""The decisions' lean Redis connection (rls/stores/wire.py), on a real redis-server.
+"""The decisions' lean Redis connection (rls/stores/redis/wire.py), on a real redis-server.
 
 Pins what the wire promises: everything queued in one loop turn is one write; replies reach
 their own callers in order, also after earlier callers gave up on their deadline; a store that
@@ -31,8 +31,8 @@ def check(key: str, hits: int = 1) -> Check:
 
 
 def wire_of(started: RedisBackend) -> Any:
-    assert started._wire is not None
-    return started._wire
+    assert started.topology.wire is not None
+    return started.topology.wire
 
 
 async def test_calls_queued_in_one_loop_turn_go_out_in_one_write(started: RedisBackend) -> None:

@@ -9,10 +9,12 @@ import pytest
 
 from .servers import (
     AuthSetup,
+    ClientCert,
     ClusterTopology,
     SentinelTopology,
     TlsFiles,
     Topology,
+    make_client_cert,
     make_tls_files,
     start_auth_redis,
     start_cluster,
@@ -76,6 +78,23 @@ def auth_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthSetup]:
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
     return make_tls_files(tmp_path_factory.mktemp("tls-certs"))
+
+
+@pytest.fixture(scope="module")
+def client_cert(tmp_path_factory: pytest.TempPathFactory, tls_files: TlsFiles) -> ClientCert:
+    return make_client_cert(tmp_path_factory.mktemp("tls-client"), tls_files)
+
+
+@pytest.fixture(scope="module")
+def mtls_redis(tmp_path_factory: pytest.TempPathFactory, tls_files: TlsFiles,
+               client_cert: ClientCert) -> Iterator[RedisProc]:
+    """A TLS-only redis-server that requires a client certificate signed by its CA."""
+    workdir = tmp_path_factory.mktemp("mtls")
+    topo = Topology(workdir)
+    try:
+        yield start_tls_redis(workdir, topo, tls_files, client_cert)
+    finally:
+        topo.stop()
 
 
 @pytest.fixture(scope="module")

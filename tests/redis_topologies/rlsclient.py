@@ -142,14 +142,15 @@ def backend_errors(http_url: str) -> float:
 
 
 def start_rls(rls_factory: Callable[..., Any], config: Path, url: str, *extra: str,
-              timeout: float = 30.0, ready: bool = True) -> Any:
+              timeout: float = 30.0, ready: bool = True,
+              env: dict[str, str] | None = None) -> Any:
     """`rls serve` on `url` with the standard flags; fails at once (with its log) if it exits.
 
     Waits for /healthcheck 200 (the store accepted rls), or with `ready=False` only for the
     admin listener (/metrics), for stores that refuse rls. The timeout is generous because
     importing rls alone took 5 s on a loaded 2-CPU machine."""
     probe = "/healthcheck" if ready else "/metrics"
-    rls = rls_factory(config, args=rls_args(url, *extra), wait_healthy=False)
+    rls = rls_factory(config, args=rls_args(url, *extra), env=env, wait_healthy=False)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if rls.proc.poll() is not None:

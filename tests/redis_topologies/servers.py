@@ -392,8 +392,29 @@ def make_tls_files(workdir: Path) -> TlsFiles:
                     workdir / "other-ca.crt")
 
 
-def start_tls_redis(workdir: Path, topo: Topology, tls: TlsFiles) -> Proc:
-    """redis-server listening only on a TLS port (no client certificates required).
+@dataclass
+class ClientCert:
+    cert: Path  # signed by TlsFiles.ca, for client authentication
+    key: Path
+
+
+def make_client_cert(workdir: Path, tls: TlsFiles) -> ClientCert:
+    """A client certificate signed by the CA of `tls` (its key lies beside its certificate)."""
+    ca_key = tls.ca.with_suffix(".key")
+    _openssl("req", *EC_KEY, "-nodes", "-keyout", "client.key", "-out", "client.csr",
+             "-subj", "/CN=rls test client", cwd=workdir)
+    (workdir / "client.cnf").write_text("extendedKeyUsage=clientAuth\n")
+    _openssl("x509", "-req", "-in", "client.csr", "-CA", str(tls.ca), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-days", "2", "-out", "client.crt", "-extfile", "client.cnf",
+             cwd=workdir)
+    os.chmod(workdir / "client.key", 0o600)
+    return ClientCert(workdir / "client.crt", workdir / "client.key")
+
+
+def start_tls_redis(workdir: Path, topo: Topology, tls: TlsFiles,
+                    client: ClientCert | None = None) -> Proc:
+    """redis-server listening only on a TLS port; with `client`, it requires a client
+    certificate signed by its CA (`--tls-auth-clients yes`), else none.
 
     Fails (never skips) when the installed redis-server was built without TLS.
     """
@@ -401,9 +422,11 @@ def start_tls_redis(workdir: Path, topo: Topology, tls: TlsFiles) -> Proc:
     proc = topo.add(launch(workdir, "tls", port, [
         "--port", "0", "--tls-port", str(port),
         "--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key),
-        "--tls-ca-cert-file", str(tls.ca), "--tls-auth-clients", "no",
+        "--tls-ca-cert-file", str(tls.ca), "--tls-auth-clients", "yes" if client else "no",
     ]))
     proc.client_kwargs = {"ssl": True, "ssl_ca_certs": str(tls.ca)}
+    if client is not None:
+        proc.client_kwargs.update(ssl_certfile=str(client.cert), ssl_keyfile=str(client.key))
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if not proc.alive():

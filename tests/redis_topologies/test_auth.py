@@ -10,7 +10,7 @@ from urllib.parse import quote
 import pytest
 from conftest import http_get, wait_until
 
-from rls.stores.connect import redact
+from rls.stores.redis.connect import redact
 
 from .conftest import ACL_PASSWORD, ACL_USER, DEFAULT_PASSWORD
 from .rlsclient import (

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-import rls.stores.connect as redis_connect
+import rls.stores.redis.connect as redis_connect
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
 from rls.metrics import Metrics

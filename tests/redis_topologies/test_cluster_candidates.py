@@ -1,6 +1,6 @@
 """Candidate limits on a Redis Cluster (3 masters), where a request's counters, and a
 candidate's counter and its live twin's, can live on different masters (the two-step
-evaluate / charge of rls/stores/redis.py): a candidate equal to its live limit still reports
+evaluate / charge of rls/stores/redis/): a candidate equal to its live limit still reports
 exactly the live over-limit decisions."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from algorithms.test_candidates import Recording
 
-import rls.stores.connect as redis_connect
+import rls.stores.redis.connect as redis_connect
 from rls.config.loader import load_files
 from rls.engine.limiter import OVER_LIMIT, DescriptorIn, RateLimiter
 from rls.settings import Settings

@@ -24,7 +24,7 @@ from .rlsclient import (
     used,
     write_config,
 )
-from .servers import Proc, TlsFiles
+from .servers import ClientCert, Proc, TlsFiles
 
 DOMAIN = "tls"
 CONFIG = """
@@ -89,3 +89,50 @@ def test_tls_misconfiguration_fails_fast_with_failure_mode(
     if case == "untrusted_ca":
         assert "CERTIFICATE_VERIFY_FAILED" in rls.log() or "certificate verify failed" in \
             rls.log(), rls.log()
+
+
+def test_client_certificate_from_the_reference_env_decides_on_a_redis_requiring_one(
+    mtls_redis: Proc, tls_files: TlsFiles, client_cert: ClientCert, rls_factory,
+    tmp_path: Path,
+):
+    """REDIS_TLS_CLIENT_CERT / _KEY / REDIS_TLS_CACERT (the reference's names) reach every
+    connection rls opens: the pool, the lean wire, the probe's own connection."""
+    mtls_redis.client().flushall()
+    env = {"REDIS_TLS_CLIENT_CERT": str(client_cert.cert),
+           "REDIS_TLS_CLIENT_KEY": str(client_cert.key),
+           "REDIS_TLS_CACERT": str(tls_files.ca)}
+    url = f"rediss://127.0.0.1:{mtls_redis.port}/0"
+    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), url, env=env)
+    client = Client(rls.grpc_addr, DOMAIN)
+    try:
+        for remaining in (2, 1, 0):
+            a = client.call(desc(("k", "mtls")))
+            assert a.decided and a.code == OK and a.resp.statuses[0].limit_remaining == remaining
+    finally:
+        client.close()
+    assert backend_errors(rls.http_url) == 0
+    assert mtls_redis.client().dbsize() == 1
+
+
+def test_without_a_client_certificate_a_redis_requiring_one_is_never_ready(
+    mtls_redis: Proc, tls_files: TlsFiles, rls_factory, tmp_path: Path,
+):
+    env = {"RLS_REDIS_TLS_CACERT": str(tls_files.ca)}
+    url = f"rediss://127.0.0.1:{mtls_redis.port}/0"
+    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), url, env=env, ready=False)
+    wait_until(lambda: "not ready: redis not reachable" in rls.log(), timeout=10,
+               what="the refused handshake logged")
+    assert http_get(rls.http_url + "/healthcheck")[0] == 500
+
+
+@pytest.mark.parametrize("variable", ["REDIS_TLS_CLIENT_CERT", "RLS_REDIS_TLS_CLIENT_KEY",
+                                      "REDIS_TLS_CACERT"])
+def test_a_missing_tls_file_stops_rls_at_start_naming_it(
+    variable: str, rls_factory, tmp_path: Path,
+):
+    missing = tmp_path / "absent.pem"
+    rls = rls_factory(write_config(tmp_path, CONFIG),
+                      args=("--redis-url", "rediss://127.0.0.1:6380/0"),
+                      env={variable: str(missing)}, wait_healthy=False)
+    assert rls.proc.wait(timeout=60) == 2
+    assert f"{variable}: {missing}: no such file" in rls.log()

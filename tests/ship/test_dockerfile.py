@@ -35,7 +35,7 @@ from rls.admin.app import AdminState, create_app
 from rls.cli import _parser, _settings_from, check_config
 from rls.server import build_app, split_addr
 from rls.settings import Settings
-from rls.stores.scripts import ALGORITHM_FILES
+from rls.stores.redis.scripts import ALGORITHM_FILES
 
 from .helpers import ROOT
 

@@ -4,7 +4,7 @@ An entry names the algorithm as written in YAML (`algorithm:`), its numeric id i
 script's parameters, the Lua file in `lua/` that defines its Redis twin (`lua/<name>.lua`) with
 the Lua libraries that file uses, and the memory implementation (this package). The config
 parser takes its list of accepted names from here, the memory store its implementations, and
-rls/stores/scripts.py the Lua to load: adding an algorithm means one module here, one Lua
+rls/stores/redis/scripts.py the Lua to load: adding an algorithm means one module here, one Lua
 file and one entry below.
 
 Kept free of rls imports beyond this package so that the config parser can read it.

@@ -41,7 +41,7 @@ from rls.core.model import (
     Outcome,
     Verdict,
 )
-from rls.stores.windows import counts_in_window, expiry_ms, layout, window_bounds
+from rls.stores.windows import counts_in_window, expiry_ms, layout, store_key, window_bounds
 from rls.stores.windows import lua_prelude as windows_prelude
 
 LEAN_FILE = "decide_fixed_window.lua"
@@ -158,7 +158,7 @@ def request_args(
 
 
 class LeanBatch:
-    """How lean requests travel on the wire (rls/stores/wire.py `Merger`): alone, one EVALSHA
+    """How lean requests travel on the wire (rls/stores/redis/wire.py `Merger`): alone, one EVALSHA
     of lua/decide_fixed_window.lua; `min_depth` or more queued in one loop turn, one EVALSHA of
     lua/decide_fixed_window_batch.lua carrying them all (each still all-or-nothing, in order),
     which costs Redis less CPU per decision (benchmarks/redis_batch.py)."""
@@ -242,3 +242,47 @@ def lean_verdict(res: list[Any], checks: Sequence[Check], mode: str, now_ms: int
             remaining = 0
         outcomes.append(Outcome(ok, charged, remaining, window - now_ms % window, u))
     return Verdict(admitted, outcomes)
+
+
+class ScriptBook:
+    """One client's registered scripts: the lean script, its batch form, and one script per
+    mix of algorithms built on first use (at most 2^len(REGISTRY), a bit per algorithm)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.lean = client.register_script(lean_script())
+        self.lean_batch = client.register_script(lean_batch_script())
+        self._mixes: dict[int, Any] = {}
+
+    def mix(self, mask: int) -> Any:
+        """The script for the algorithms whose bits are set in `mask`, registered once."""
+        script = self._mixes.get(mask)
+        if script is None:
+            names = [spec.name for spec in REGISTRY if mask & (1 << spec.id)]
+            script = self._mixes[mask] = self.client.register_script(decide_script(names))
+        return script
+
+    def preloaded(self, algorithms: Iterable[str]) -> list[Any]:
+        """The scripts to SCRIPT LOAD before a process says it is ready: the lean ones and
+        the single-algorithm script of each named algorithm (any other mix loads on first
+        use: EVALSHA answers NOSCRIPT once and it is loaded)."""
+        return [self.lean, self.lean_batch,
+                *(self.mix(1 << BY_NAME[name].id) for name in algorithms)]
+
+    def args(
+        self, checks: Sequence[Check], now_ms: int | None, mode: str, store_now: Callable[[], int]
+    ) -> tuple[Any, list[str], list[Any], int]:
+        """The script for this request, its KEYS, its ARGV (`request_args`), and the time its
+        windows are of: `now_ms` when the caller fixes the time, else the store's clock
+        (other algorithms then read Redis TIME in the script)."""
+        now = store_now() if now_ms is None else now_ms
+        keys = [store_key(c, now) for c in checks]
+        mask, args = request_args(checks, mode, now_ms, now)
+        return (self.lean if mask is None else self.mix(mask)), keys, args, now
+
+    def verdict(
+        self, script: Any, res: list[Any], checks: Sequence[Check], mode: str, now: int
+    ) -> Verdict:
+        if script is self.lean:
+            return lean_verdict(res, checks, mode, now)
+        return verdict(res)

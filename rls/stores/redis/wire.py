@@ -63,7 +63,7 @@ Item = tuple[Sequence[Any], Sequence[Any]]  # (keys, args) of one mergeable call
 
 
 class Merger(Protocol):
-    """How calls queued in one loop turn may travel as one command (rls/stores/scripts.py
+    """How calls queued in one loop turn may travel as one command (rls/stores/redis/scripts.py
     `LeanBatch`): `one` packs a call alone, `many` packs several (at least `min_depth`, at most
     `max_items`) into one command whose reply `split` cuts into each call's reply; `failed`
     hears an error reply of a merged command (e.g. NOSCRIPT: load the script)."""

@@ -1,6 +1,6 @@
 """Redis URLs into redis-py clients: the one connector of rls.
 
-It stands apart from the rate-limit store (`rls/stores/redis.py`) because three parts connect
+It stands apart from the rate-limit store (`rls/stores/redis/`) because three parts connect
 through it: the rate-limit store (and the counters service, which runs on that store's client)
 and the response cache's Redis store. Keeping it in one place means each gets standalone, TLS,
 Sentinel and Cluster alike, with the same timeouts and pool rules. URLs:
@@ -15,6 +15,7 @@ the setting to fix.
 from __future__ import annotations
 
 import ssl
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
@@ -23,17 +24,48 @@ import redis.asyncio as aioredis
 import redis.cluster
 import redis.sentinel
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
-from rls.stores.urls import redact
+from rls.stores.redis.urls import redact
 
-__all__ = ["connect", "redact", "refusal"]
+__all__ = ["TlsClient", "connect", "redact", "refusal"]
 
 STANDALONE_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 TLS_QUERY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsClient:
+    """TLS settings of rediss:// connections from the environment (the reference's
+    `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`, `REDIS_TLS_CACERT`,
+    `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`): a client certificate for a Redis that requires
+    one, the CA that signed the server's. A URL's own `?ssl_…` query wins over them."""
+
+    certfile: str = ""
+    keyfile: str = ""
+    ca_certs: str = ""
+    skip_hostname_verification: bool = False
+
+    def options(self) -> dict[str, Any]:
+        """redis-py's SSL keywords for the settings that are set."""
+        tls: dict[str, Any] = {}
+        if self.certfile:
+            tls["ssl_certfile"] = self.certfile
+        if self.keyfile:
+            tls["ssl_keyfile"] = self.keyfile
+        if self.ca_certs:
+            tls["ssl_ca_certs"] = self.ca_certs
+        if self.skip_hostname_verification:
+            tls["ssl_check_hostname"] = False
+        return tls
+
+
+NO_TLS_CLIENT = TlsClient()
 
 
 def _hosts(netloc: str) -> list[tuple[str, int]]:
@@ -44,12 +76,12 @@ def _hosts(netloc: str) -> list[tuple[str, int]]:
     return hosts
 
 
-def _tls_options(secure: bool, query: dict[str, str]) -> dict[str, Any]:
-    """TLS settings for the Sentinel and Cluster clients from the URL query (`rediss://` reads
-    them itself): `?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none…`."""
+def _tls_options(secure: bool, query: dict[str, str], client: TlsClient) -> dict[str, Any]:
+    """TLS settings for the Sentinel and Cluster clients: `client`'s, then the URL query's
+    (`rediss://` reads its query itself): `?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none…`."""
     if not secure:
         return {}
-    tls: dict[str, Any] = {"ssl": True}
+    tls: dict[str, Any] = {"ssl": True, **client.options()}
     for name in TLS_QUERY:
         if name in query:
             tls[name] = query[name]
@@ -84,6 +116,7 @@ def connect(
     sync: bool = False,
     pool_timeout_s: float | None = None,
     retry: Any = None,
+    tls: TlsClient = NO_TLS_CLIENT,
 ) -> Any:
     """A redis-py client for any supported URL scheme: asyncio, or blocking with `sync` (the
     health probe's own connection, used from a thread). The one connector of rls: counters,
@@ -92,7 +125,8 @@ def connect(
 
     `pool_timeout_s`: how long a call waits for a free pooled connection (default: the larger
     of 1 s and the socket timeout); `retry`: redis-py Retry for connection errors (standalone
-    and Sentinel; Cluster has its own retries)."""
+    and Sentinel; Cluster has its own retries); `tls`: client certificate and CA of rediss://
+    URLs (any topology)."""
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": connect_timeout_s,
@@ -101,14 +135,15 @@ def connect(
     scheme = parts.scheme
     if scheme in STANDALONE_SCHEMES:
         timeout = pool_timeout_s if pool_timeout_s is not None else max(1.0, timeout_s)
-        return _standalone(url, pool_size, timeout, retry, common, sync)
+        secure = tls.options() if scheme == "rediss" else {}
+        return _standalone(url, pool_size, timeout, retry, {**common, **secure}, sync)
     auth = _auth(parts)
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    tls = _tls_options(scheme.startswith("rediss"), query)
+    options = _tls_options(scheme.startswith("rediss"), query, tls)
     if scheme in SENTINEL_SCHEMES:
-        return _sentinel(parts, pool_size, retry, auth, common, tls, sync)
+        return _sentinel(parts, pool_size, retry, auth, common, options, sync)
     if scheme in CLUSTER_SCHEMES:
-        return _cluster(parts, pool_size, auth, common, tls, sync)
+        return _cluster(parts, pool_size, auth, common, options, sync)
     raise ValueError(f"unsupported Redis URL scheme {scheme!r}")
 
 
@@ -175,10 +210,16 @@ def _cluster(
     """`redis+cluster://host:port[,host:port…]`: a cluster client seeded with those nodes."""
     cluster_class: Any = redis.cluster.RedisCluster if sync else RedisCluster
     node_class: Any = redis.cluster.ClusterNode if sync else ClusterNode
-    # RedisCluster takes no retry_on_timeout; its own retries are turned off instead.
+    # RedisCluster takes no retry_on_timeout. The asyncio client (the store's calls) makes one
+    # attempt per call: its retries read the whole slot map again before each (CLUSTER SLOTS,
+    # 16384 slots rebuilt, COMMAND parsed), up to four times per failing call, CPU that a
+    # failover's burst of failing calls took from every other caller (issue 33). A failing
+    # call is evidence for its master's breaker instead, and the map is read again by the next
+    # call or, while a master's breaker is open, by `node_breakers.py` (once per interval).
     nodes = [node_class(h, p) for h, p in _hosts(parts.netloc)]
+    once = {} if sync else {"retry": Retry(NoBackoff(), 0)}
     return cluster_class(
-        startup_nodes=nodes, max_connections=pool_size, **auth, **common, **tls
+        startup_nodes=nodes, max_connections=pool_size, **once, **auth, **common, **tls
     )
 
 
