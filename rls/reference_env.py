@@ -91,7 +91,7 @@ ENTRY_ENV: dict[str, str] = {
     "USE_STATSD": "true: one line saying where the metrics are (no statsd sink)",
     "BACKEND_TYPE": "redis only (memcache refused)",
 }
-# Read by rls.stores.urls.normalize_redis_url when REDIS_URL is a bare host:port.
+# Read by rls.stores.redis.urls.normalize_redis_url when REDIS_URL is a bare host:port.
 REDIS_URL_ENV = ("REDIS_SOCKET_TYPE", "REDIS_TYPE", "REDIS_AUTH", "REDIS_TLS")
 # Variable prefixes read by a library once the variable on the right is honoured (the
 # OpenTelemetry SDK reads OTEL_* itself when tracing is in).
