@@ -112,8 +112,8 @@ def test_invalid_set_is_nacked_and_the_last_good_config_stays(
     nack = ads.wait_nack()
     assert nack.version_info == "1"  # the last accepted version
     assert nack.error_detail.message == (
-        "broken-resource: invalid rate limit unit 'UNKNOWN' "
-        "(node broken.outer.inner.rate_limit)"
+        "broken-resource: invalid rate limit unit 'UNKNOWN' (node broken.outer.inner.rate_limit; "
+        "valid units: second, minute, hour, day, week, month, year)"
     )
     assert decide(rls.grpc_addr, "basic", ("one_per_minute", "x")) == OK
     assert decide(rls.grpc_addr, "basic", ("one_per_minute", "x")) == OVER_LIMIT

@@ -4,7 +4,7 @@ Like the reference (config_xds.go), each `RateLimitConfig` resource becomes exac
 document a YAML descriptor file would parse to, and the whole set is built and validated by
 the same code as files (rls.config.loader.load_documents): the same rules, the same messages,
 with the resource's `name` where a file error has the file's path and the node path starting
-with the domain (`basic: invalid rate limit unit 'UNKNOWN' (node basic.key1)`).
+with the domain (`basic: invalid rate limit unit 'UNKNOWN' (node basic.key1; valid units: …)`).
 
 Everything here may be handed a hostile control plane's response, so it is bounded: the
 number of resources, the bytes of each, the nesting (checked while converting, before the
