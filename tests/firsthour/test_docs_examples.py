@@ -206,6 +206,24 @@ def check_workflow(where: str, body: str) -> None:
             pytest.fail(f"{where}: rls does not take `{command}`")
 
 
+def check_kubernetes_resource(where: str, body: str) -> None:
+    """A Kubernetes object (not rls's file): valid YAML with its apiVersion and kind."""
+    doc = yaml.safe_load(body)
+    assert isinstance(doc, dict) and {"apiVersion", "kind"} <= set(doc), (
+        f"{where}: a Kubernetes resource needs apiVersion and kind")
+
+
+def check_prometheus_rules(where: str, body: str) -> None:
+    """A Prometheus rules file (not rls's; tests/dropin/test_metric_names.py runs promtool on
+    the one of metrics.md): groups of named rules, each a record or alert with an expr."""
+    doc = yaml.safe_load(body)
+    assert isinstance(doc, dict) and isinstance(doc.get("groups"), list), f"{where}: no groups"
+    for group in doc["groups"]:
+        assert group.get("name") and group.get("rules"), f"{where}: a group without name/rules"
+        for rule in group["rules"]:
+            assert ("record" in rule or "alert" in rule) and "expr" in rule, f"{where}: {rule}"
+
+
 def check_yaml_block(block: Block, tmp_path: Path) -> None:
     where, body = block.where, block.body
     if block.mark == "fragment":
@@ -223,6 +241,10 @@ def check_yaml_block(block: Block, tmp_path: Path) -> None:
             check_config(where, f"domain: fragment\ndescriptors:\n{indented}", tmp_path)
         elif context == "github actions workflow":
             check_workflow(where, body)
+        elif context == "kubernetes resource":
+            check_kubernetes_resource(where, body)
+        elif context == "prometheus rules":
+            check_prometheus_rules(where, body)
         elif context == "cache rules":
             check_config(where, "rules:\n" + "".join(f"  {line}\n" for line in
                                                        body.splitlines()), tmp_path)

@@ -104,6 +104,7 @@ def test_readme_counter_value_format(served, redis_server) -> None:
 
 
 def test_migration_states_defaults_and_reference_variables_truthfully() -> None:
+    from rls.reference_env import ENTRY_ENV
     from rls.settings import REFERENCE_ENV, Settings
 
     assert f"default {Settings().backend_timeout_ms} ms" in MIGRATION
@@ -112,9 +113,12 @@ def test_migration_states_defaults_and_reference_variables_truthfully() -> None:
     assert "Content-Type" not in identical and "content-type" not in identical.lower()
     different = MIGRATION.split("## Different, and why", 1)[1].split("\n## ", 1)[0]
     assert "`/json`: a POST needs `Content-Type: application/json` (else 415)" in different
-    for var in ("FORCE_START_WITHOUT_INITIAL_CONFIG", "GRPC_UDS"):
-        assert f"`{var}" in MIGRATION and var not in REFERENCE_ENV.values(), var
-        assert "not read" in MIGRATION.split(var, 1)[1].split("\n", 1)[0], var
+    var = "GRPC_UDS"  # read by the `ratelimit` entry only, not by `rls serve`'s settings
+    assert f"`{var}" in MIGRATION and var not in REFERENCE_ENV.values() and var in ENTRY_ENV
+    assert "read as is by `/bin/ratelimit`" in MIGRATION.split(var, 1)[1].split("\n", 1)[0]
+    var = "FORCE_START_WITHOUT_INITIAL_CONFIG"  # read since the xDS client
+    assert f"`{var}" in MIGRATION and var in REFERENCE_ENV.values(), var
+    assert "read as is" in MIGRATION.split(var, 1)[1].split("\n", 1)[0], var
     assert "The reference's default socket type is `unix`" in MIGRATION
     assert normalize_redis_url("host:6379", {}).startswith("redis://")  # tcp, not unix
 
