@@ -21,8 +21,8 @@ and returns the `rls serve` command line they mean, plus the lines rls logs at s
 
 An `RLS_<NAME>` variable still wins over what the reference's variables say (no flag is passed
 for it). Variables of the reference that rls reads nowhere are listed in one start-up line;
-what is read is derived from rls.settings.REFERENCE_ENV plus this module's ENTRY_ENV, so a
-variable mapped there later leaves the line by itself.
+what is read is derived from rls.settings.REFERENCE_ENV (and its REFERENCE_ENV_FALLBACK) plus
+this module's ENTRY_ENV, so a variable mapped there later leaves the line by itself.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rls.settings import REFERENCE_ENV, parse_bool
+from rls.settings import REFERENCE_ENV, REFERENCE_ENV_FALLBACK, parse_bool
 
 # Every variable envoyproxy/ratelimit reads (src/settings/settings.go), plus what Envoy Gateway
 # sets beside them: GRPC_SERVER_TLS_CA_CERT (no reference setting has that name) and the
@@ -117,7 +117,8 @@ class EnvProblem(ValueError):
 
 def honoured() -> frozenset[str]:
     """Reference variables rls reads under the `ratelimit` entry."""
-    names = {*REFERENCE_ENV.values(), *ENTRY_ENV, *REDIS_URL_ENV}
+    names = {*REFERENCE_ENV.values(), *REFERENCE_ENV_FALLBACK.values(), *ENTRY_ENV,
+             *REDIS_URL_ENV}
     for prefix, leader in FOLLOWS.items():
         if leader in names:
             names |= {n for n in REFERENCE_VARIABLES if n.startswith(prefix)}

@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from xds_config.ads_server import AdsServer
 
-from .helpers import Ratelimit, start_ratelimit, world_readable_root
+from .helpers import EgCertificates, Ratelimit, start_eg_ads, start_ratelimit, world_readable_root
 
 
 @pytest.fixture
@@ -33,3 +34,18 @@ def launch(root: Path, tmp_path: Path) -> Iterator[Callable[..., Ratelimit]]:
     yield start
     for rl in started:
         rl.stop()
+
+
+@pytest.fixture
+def eg_ads() -> Iterator[Callable[[EgCertificates], AdsServer]]:
+    """start_eg_ads, the servers stopped at the end of the test."""
+    started: list[AdsServer] = []
+
+    def start(certs: EgCertificates) -> AdsServer:
+        server = start_eg_ads(certs)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -23,10 +23,11 @@ from pathlib import Path
 import grpc
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from redis_topologies.servers import make_tls_files
+from support.certs import CertAuthority
 from support.net import free_port, http_call
 from support.processes import stop_process
 from support.waiting import wait_until
+from xds_config.ads_server import AdsServer, TlsFiles
 
 from rls.reference_env import honoured
 
@@ -55,6 +56,15 @@ EG_ENV = {
     "USE_PROMETHEUS": "true",
     "PROMETHEUS_ADDR": ":19001",
     "PROMETHEUS_MAPPER_YAML": "/etc/statsd-exporter/conf.yaml",
+}
+# What EG adds when tracing is on (its Telemetry settings; TRACING_SERVICE_INSTANCE_ID is the pod
+# name). OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the collector) is the test's own.
+EG_TRACING_ENV = {
+    "TRACING_ENABLED": "true",
+    "TRACING_SERVICE_NAME": "envoy-ratelimit",
+    "TRACING_SERVICE_NAMESPACE": "envoy-gateway-system",
+    "TRACING_SERVICE_INSTANCE_ID": "envoy-ratelimit-5d9c8b7f6d-x2x7q",
+    "TRACING_SAMPLING_RATE": "1.0",
 }
 IGNORED_LINE = re.compile(r"reference variables set but ignored by rls: (.*) \(see ")
 STATSD_LINE = "USE_STATSD=true: rls sends no statsd"
@@ -196,15 +206,34 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def eg_certificates(root: Path) -> Path:
+@dataclass(frozen=True)
+class EgCertificates:
+    """The Secret EG mounts (`mount`: tls.crt, tls.key, ca.crt) and the CA that signed it, which
+    issues the other parties' certificates (the xDS server's, Envoy's)."""
+
+    mount: Path
+    ca: CertAuthority
+
+
+def eg_certificates(root: Path) -> EgCertificates:
     """root/certs/{tls.crt,tls.key,ca.crt}, as EG's Secret mount (mode 0644, its
-    defaultMode 420): a CA and a certificate for 127.0.0.1 signed by it."""
-    work = root / "certs-work"
-    work.mkdir()
-    files = make_tls_files(work)
+    defaultMode 420): a CA and one certificate signed by it, for rls.internal (the name the
+    Envoy configs in envoy/ expect), localhost and 127.0.0.1, good for serving gRPC and for
+    dialling the xDS server (EG uses the one certificate for both)."""
+    ca = CertAuthority.create(root / "certs-work")
+    tls = ca.issue("tls", sans=("DNS:rls.internal", "DNS:localhost", "IP:127.0.0.1"),
+                   dual_use=True)
     certs = root / "certs"
     certs.mkdir()
-    for source, name in ((files.cert, "tls.crt"), (files.key, "tls.key"), (files.ca, "ca.crt")):
+    for source, name in ((tls.cert, "tls.crt"), (tls.key, "tls.key"), (ca.cert, "ca.crt")):
         shutil.copyfile(source, certs / name)
         (certs / name).chmod(0o644)
-    return certs
+    return EgCertificates(certs, ca)
+
+
+def start_eg_ads(certs: EgCertificates) -> AdsServer:
+    """The in-test ADS server standing for EG's controller (its xDS port 18001): TLS with a
+    certificate for 127.0.0.1 from the Secret's CA, client certificates required and checked
+    against that CA (mTLS), no snapshot yet."""
+    xds = certs.ca.issue("xds-server", sans=("DNS:localhost", "IP:127.0.0.1"))
+    return AdsServer(tls=TlsFiles(str(xds.cert), str(xds.key), str(certs.ca.cert))).start()

@@ -4,8 +4,10 @@ What EG relies on: gRPC RateLimitService on GRPC_PORT, `GET /healthcheck` 200 on
 startup, readiness and liveness probes; PORT listens on every interface), the Prometheus
 metrics on PROMETHEUS_ADDR, counters in the user's Redis (REDIS_URL), and a container run as
 uid/gid 65534 that can write nothing but /tmp. The admin port, off loopback without a token,
-must not take state-changing calls. Variants: CONFIG_TYPE=FILE now (limits from the
-RUNTIME_* directory); the xDS variant is added to CONFIG_VARIANTS with the xDS client.
+must not take state-changing calls. Variants: CONFIG_TYPE=FILE (limits from the RUNTIME_*
+directory) and GRPC_XDS_SOTW (EG's own: the same limit pushed by an in-test ADS server over
+mTLS, nothing under RUNTIME_ROOT); tests/dropin/test_envoy_gateway_xds.py adds Envoy, a new
+snapshot and tracing to the xDS variant.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from pathlib import Path
 import pytest
 from envoy.service.ratelimit.v3 import rls_pb2
 from support.redis_server import RedisServer
+from xds_config.ads_server import AdsServer, domain, limit
 
 from rls.reference_env import REFERENCE_VARIABLES, honoured, xds_supported
 
 from .helpers import (
     EG_ENV,
+    EgCertificates,
     Ratelimit,
     config_text,
     decide,
@@ -34,7 +38,7 @@ from .helpers import (
 
 OK, OVER = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
 NOBODY = 65534  # EG's runAsUser / runAsGroup
-CONFIG_VARIANTS = ["FILE"]
+CONFIG_VARIANTS = ["FILE", "GRPC_XDS_SOTW"]
 USERS = {"same-user": None, "uid-65534": NOBODY}
 
 
@@ -42,14 +46,22 @@ USERS = {"same-user": None, "uid-65534": NOBODY}
 @pytest.mark.parametrize("config_type", CONFIG_VARIANTS)
 def test_eg_environment_serves_limits_health_and_metrics(
     config_type: str, user: str, root: Path, redis_server: RedisServer,
-    launch: Callable[..., Ratelimit],
+    launch: Callable[..., Ratelimit], eg_ads: Callable[[EgCertificates], AdsServer],
 ) -> None:
     redis_server.client().flushall()
-    certs = eg_certificates(root)
+    pki = eg_certificates(root)
+    certs = pki.mount
     env, ports = eg_environment(root, redis_server.port, config_type)
-    write(root / "data/ratelimit/config/eg.yaml", config_text("eg", "client", 2))
-    assert os.stat(root / "data/ratelimit/config/eg.yaml").st_mode & 0o004  # world-readable
+    if config_type == "FILE":
+        write(root / "data/ratelimit/config/eg.yaml", config_text("eg", "client", 2))
+        assert os.stat(root / "data/ratelimit/config/eg.yaml").st_mode & 0o004  # world-readable
+    else:
+        ads = eg_ads(pki)
+        ads.set_snapshot("1", [domain("eg", limit("client", "MINUTE", 2))])
+        env["CONFIG_GRPC_XDS_SERVER_URL"] = ads.url
     rl = launch(env, user=USERS[user])
+    if config_type != "FILE":
+        assert ads.wait_ack("1").node.id == EG_ENV["CONFIG_GRPC_XDS_NODE_ID"]
     if USERS[user] is not None:
         status = Path(f"/proc/{rl.proc.pid}/status").read_text()
         assert f"Uid:\t{NOBODY}\t" in status and f"Gid:\t{NOBODY}\t" in status
@@ -75,7 +87,8 @@ def test_eg_environment_serves_limits_health_and_metrics(
     for read in ("RUNTIME_ROOT", "REDIS_URL", "USE_PROMETHEUS", "PROMETHEUS_ADDR", "PORT"):
         assert read not in expected
     # nothing written into its working directory (for uid 65534: it could not)
-    assert sorted(p.name for p in root.iterdir()) == ["certs", "certs-work", "data"]
+    made = ["certs", "certs-work"] + (["data"] if config_type == "FILE" else [])
+    assert sorted(p.name for p in root.iterdir()) == made
 
 
 def test_eg_environment_in_xds_mode_starts_without_a_config_directory(
@@ -83,7 +96,7 @@ def test_eg_environment_in_xds_mode_starts_without_a_config_directory(
 ) -> None:
     """EG's own mode: nothing under RUNTIME_ROOT, limits from the controller over xDS (here:
     no controller at all). It starts, answers its probes and every call (no limits yet)."""
-    certs = eg_certificates(root)
+    certs = eg_certificates(root).mount
     env, _ports = eg_environment(root, redis_server.port, "GRPC_XDS_SOTW")
     assert env["CONFIG_TYPE"] == EG_ENV["CONFIG_TYPE"]
     assert not (root / "data").exists()

@@ -207,6 +207,13 @@ def check_workflow(where: str, body: str) -> None:
             pytest.fail(f"{where}: rls does not take `{command}`")
 
 
+def check_kubernetes_resource(where: str, body: str) -> None:
+    """A Kubernetes object (not rls's file): valid YAML with its apiVersion and kind."""
+    doc = yaml.safe_load(body)
+    assert isinstance(doc, dict) and {"apiVersion", "kind"} <= set(doc), (
+        f"{where}: a Kubernetes resource needs apiVersion and kind")
+
+
 def check_prometheus_rules(where: str, body: str, tmp_path: Path) -> None:
     """A Prometheus rules file, as `promtool check rules` reads it."""
     promtool = require_binary("promtool", "prometheus")
@@ -234,6 +241,8 @@ def check_yaml_block(block: Block, tmp_path: Path) -> None:
             check_config(where, f"domain: fragment\ndescriptors:\n{indented}", tmp_path)
         elif context == "github actions workflow":
             check_workflow(where, body)
+        elif context == "kubernetes resource":
+            check_kubernetes_resource(where, body)
         elif context == "prometheus rules":
             check_prometheus_rules(where, body, tmp_path)
         elif context == "cache rules":

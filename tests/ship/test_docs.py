@@ -23,7 +23,8 @@ from rls.settings import REFERENCE_ENV
 from .helpers import ROOT
 
 DOCS = ROOT / "docs"
-OWN = ["configuration.md", "envoy.md", "metrics.md", "migration.md", "admin.md"]
+OWN = ["configuration.md", "envoy.md", "metrics.md", "migration.md", "admin.md",
+       "envoy-gateway.md"]
 
 
 def text(name: str) -> str:

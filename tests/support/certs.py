@@ -71,10 +71,14 @@ class CertAuthority:
         return cls(directory, directory / "ca.crt", directory / "ca.key")
 
     def issue(self, name: str, sans: Sequence[str] = ("DNS:localhost", "IP:127.0.0.1"),
-              client: bool = False, expired: bool = False) -> Issued:
-        """A certificate for `name` (its CN), signed by this CA, in files `<name>.crt/.key`."""
+              client: bool = False, expired: bool = False, dual_use: bool = False) -> Issued:
+        """A certificate for `name` (its CN), signed by this CA, in files `<name>.crt/.key`.
+
+        `dual_use`: good for serving and for dialling (serverAuth and clientAuth), as the one
+        certificate of Envoy Gateway's `envoy-rate-limit` Secret that the rate-limit service
+        both serves gRPC with and presents to the xDS management server."""
         d = self.directory
-        usage = "clientAuth" if client else "serverAuth"
+        usage = "serverAuth, clientAuth" if dual_use else "clientAuth" if client else "serverAuth"
         ext = d / f"{name}.ext"
         ext.write_text(
             "basicConstraints = CA:FALSE\n"
