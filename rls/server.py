@@ -403,7 +403,7 @@ class Server:
         self.state.require_domain = settings.healthy_with_at_least_one_config_loaded
         if self.xds is not None:
             self.state.config_source = self.xds.status
-        self.state.counters = counters  # type: ignore[attr-defined]  # read by admin/freq.py
+        self.state.counters = counters  # type: ignore[attr-defined]  # read by admin/frequency.py
         admin_app = create_app(self.state)
         if not settings.admin_read_only:
             add_cache_routes(admin_app, self.cache)  # without a cache: 404s that say so

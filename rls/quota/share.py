@@ -58,7 +58,7 @@ from rls.stores.guard import decide_within
 SUPPORTED_ALGORITHMS = frozenset({"fixed_window"})
 WINDOW_TOLERANCE_MS = 500  # a reported reset later than this past the known end = new window
 GRANT_RETRIES = 3
-MAX_TOKENS = 2**32 - 1  # TokenBucket.max_tokens is a uint32
+MAX_TOKENS = 2**32 - 1  # Envoy's TokenBucket max_tokens is a uint32
 
 
 def undealable(limit: Limit) -> str | None:

@@ -32,7 +32,7 @@ class Headers:
 
     @classmethod
     def from_proto(cls, header_map: Any) -> Headers:
-        """From a `config.core.v3.HeaderMap`: values arrive in `raw_value` (`value` is empty)."""
+        """From an `envoy.config.core.v3.HeaderMap`: values come in `raw_value` (`value` empty)."""
         return cls((h.key, h.raw_value or h.value.encode()) for h in header_map.headers)
 
     def get(self, name: str) -> bytes | None:

@@ -44,7 +44,7 @@ def unary_stream(
     request_type: Any,
     response_type: Any,
 ) -> grpc.RpcMethodHandler:
-    """For servicers that answer with `context.write` (grpc.health.v1 Watch)."""
+    """For servicers that answer with grpc's `ServicerContext.write` (grpc.health.v1 Watch)."""
 
     async def decoded(raw: bytes, context: grpc.aio.ServicerContext) -> None:
         await fn(await decode(raw, request_type, context), context)

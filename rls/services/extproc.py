@@ -36,7 +36,7 @@ which would suit it, hung on bodies over the limit.
 Who may call it: the servicer runs on a listener of its own, `--extproc-addr`, loopback by
 default, since every stream can write entries served to every user (server.py builds it;
 docs/cache.md, "Who can write to the cache"). Headers Envoy never sends (a 5,000-digit
-`:status`) are `malformed_header` bypasses (cache/entry.py, header_problem); a message that
+`:status`) are `malformed_header` bypasses (response_cache/entry.py, header_problem); a message that
 does not decode ends the stream INVALID_ARGUMENT.
 
 Envoy honours each `mode_override` only if `allow_mode_override` is on and

@@ -48,7 +48,7 @@ class Backend(Protocol):
         """Evaluate every check, charge per the admission rule, all atomically.
 
         Each (key, flags) appears at most once: the limiter folds checks that share a counter
-        into one before calling (see limiter._merge_same_counter).
+        into one before calling (see `checks.merge_same_counter`).
 
         `now_ms` overrides the store's clock (tests, replay); None uses the store's own clock
         (Redis TIME for Redis, so every replica agrees). `deadline`: the call's budget; when it

@@ -93,7 +93,7 @@ def lean_script() -> str:
 
 @cache
 def lean_batch_script() -> str:
-    return _lua(LEAN_BATCH_FILE)  # several lean requests in one EVALSHA (stores/redis.py)
+    return _lua(LEAN_BATCH_FILE)  # several lean requests in one EVALSHA (stores/redis/wire.py)
 
 
 @cache
