@@ -1,6 +1,6 @@
 """Let the OTLP exporters import even when xds-protos overwrote opentelemetry-proto's files.
 
-See `rls/tracing/otlp_proto/__init__.py` for why the files are overwritten. `install()` runs
+See `rls/tracing/vendor/otlp_proto/__init__.py` for why the files are overwritten. `install()` runs
 before any exporter is imported: when the installed `common_pb2` is the old copy (checked by
 reading the file, never by importing it: an imported old copy would register its messages
 in protobuf's descriptor pool and block the right ones), a finder placed first on
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-_HERE = Path(__file__).parent / "otlp_proto"
+_HERE = Path(__file__).parent / "vendor" / "otlp_proto"
 _P = "opentelemetry.proto."
 # module name -> rls's copy (the eight files xds-protos ships under the same names)
 MODULES = {

@@ -1,0 +1,1 @@
+"""Third-party code carried as is (see otlp_proto/__init__.py)."""
