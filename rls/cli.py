@@ -33,6 +33,7 @@ from rls.settings import (
     REFERENCE_ENV_FALLBACK,
     SettingError,
     Settings,
+    admin_token,
     env_source,
     env_value,
     parse_bool,
@@ -434,7 +435,7 @@ def _without_workers(argv: list[str]) -> list[str]:
 def _admin_command(args: argparse.Namespace) -> int:
     from rls.admin import client
 
-    token = args.token or os.environ.get("RLS_ADMIN_TOKEN")
+    token = args.token or admin_token()
     try:
         if args.command == "counters":
             if args.add is not None:

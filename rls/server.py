@@ -39,7 +39,7 @@ from rls.services.extproc import EXTPROC_MAX_MESSAGE, build_cache, warn_if_open
 from rls.services.health import create_health, health_handler, set_serving
 from rls.services.quota import QuotaService
 from rls.services.ratelimit import RateLimitService
-from rls.settings import Settings
+from rls.settings import Settings, shared_dir
 from rls.stores import MemoryBackend, create_backend
 from rls.stores.base import Backend, BackendError
 from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
@@ -50,7 +50,6 @@ from rls.tracing import start_tracing
 from rls.workers import (
     WorkersCollector,
     mark_ready,
-    shared_dir,
     watch_supervisor,
     worker_problem,
 )

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from rls.event_loop import uvloop_installed
 from rls.stores.memory import DEFAULT_MAX_BYTES
 from rls.stores.urls import bare_url_problem, normalize_redis_url, redact, url_problem
+from rls.value_forms import parse_pairs
 
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
 REFERENCE_ENV = {
@@ -207,7 +209,7 @@ class Settings:
             _check_addr(name, getattr(self, name))
         if not self.prometheus_path.startswith("/"):
             raise SettingError("prometheus_path", f"{self.prometheus_path!r} must start with /")
-        if not (self.admin_insecure or self.admin_read_only or os.environ.get("RLS_ADMIN_TOKEN")):
+        if not (self.admin_insecure or self.admin_read_only or admin_token()):
             if not is_loopback(self.http_addr):
                 raise SettingError(
                     "http_addr",
@@ -242,8 +244,6 @@ class Settings:
     def _validate_xds(self) -> None:
         """CONFIG_TYPE=GRPC_XDS_SOTW: a server, well-formed lists, a whole client key pair,
         and no --config beside it (rls/config/xds: no domain comes from two sources)."""
-        from rls.config.xds.options import parse_pairs  # loaded only when validating
-
         for name in ("xds_node_metadata", "xds_additional_headers"):
             try:
                 parse_pairs(getattr(self, name), "=:" if name == "xds_node_metadata" else ":")
@@ -343,7 +343,7 @@ MINIMUM: dict[str, float] = {
     "xds_max_msg_bytes": 0,
 }
 # Settings given as durations: seconds, or Go's forms (`10s`, `1m30s`, `500ms`), as the
-# reference's variables are written (rls.config.xds.options.parse_duration).
+# reference's variables are written (rls.value_forms.parse_duration).
 DURATIONS = frozenset(
     {"xds_connect_retry_interval", "xds_backoff_initial", "xds_backoff_max"}
 )
@@ -395,3 +395,76 @@ def parse_bool(text: str) -> bool:
     if lowered in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(f"not a boolean: {text!r}")
+
+
+# The process environment beyond the Settings fields. Every read of os.environ in rls is in
+# this module (issue 32), so what a deployment can set is found in one place; a module that
+# needs a variable calls one of these functions. Writing a child process's environment (the
+# supervisor's workers, the demo's children) stays where the child is started.
+
+ADMIN_TOKEN_ENV = "RLS_ADMIN_TOKEN"
+QUOTA_ENV_PREFIX = "RLS_QUOTA_"
+# The supervisor -> worker protocol of `--workers` (written by rls.workers.supervise).
+WORKER_ENV = "RLS_WORKER_INDEX"  # the worker's slot, in its log lines
+SHARED_DIR_ENV = "RLS_SHARED_DIR"  # the supervisor's directory: status, readiness, metrics
+SUPERVISOR_FD_ENV = "RLS_SUPERVISOR_FD"  # read end of the pipe that tells a worker its parent died
+DRAIN_BUDGET_ENV = "RLS_DRAIN_BUDGET"  # seconds a worker may take to drain once orphaned
+# prometheus_client's multiprocess mode (set for the workers by the supervisor).
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def process_env() -> Mapping[str, str]:
+    """The whole environment, for a module that translates all of it (rls.reference_env)."""
+    return os.environ
+
+
+def admin_token() -> str | None:
+    """RLS_ADMIN_TOKEN: the admin API's bearer token, checked by the listener and sent by the
+    admin clients (rls counters, rls top ...); unset or empty is None (no token)."""
+    return os.environ.get(ADMIN_TOKEN_ENV) or None
+
+
+def quota_unmatched() -> str:
+    """RLS_QUOTA_UNMATCHED: the answer to an RLQS bucket no rule matches (allow | deny; the
+    quota service rejects anything else, naming the variable)."""
+    return os.environ.get(QUOTA_ENV_PREFIX + "UNMATCHED", "allow")
+
+
+def quota_bound_texts(
+    names: Iterable[str], environ: Mapping[str, str] | None = None
+) -> dict[str, tuple[str, str]]:
+    """name -> (variable, text) of each quota-mode bound set as RLS_QUOTA_<NAME>; the bounds'
+    own module (rls.quota.bounds) parses and checks them."""
+    env = os.environ if environ is None else environ
+    found: dict[str, tuple[str, str]] = {}
+    for name in names:
+        var = QUOTA_ENV_PREFIX + name.upper()
+        if var in env:
+            found[name] = (var, env[var])
+    return found
+
+
+def worker_index() -> str | None:
+    """This process's slot under `--workers` (None outside a worker)."""
+    return os.environ.get(WORKER_ENV)
+
+
+def shared_dir() -> str | None:
+    """The supervisor's shared directory; set only in a `--workers` worker."""
+    return os.environ.get(SHARED_DIR_ENV)
+
+
+def supervisor_fd() -> int | None:
+    """The pipe a worker watches for its supervisor's death (None outside a worker)."""
+    raw = os.environ.get(SUPERVISOR_FD_ENV)
+    return int(raw) if raw else None
+
+
+def worker_drain_budget(default: float) -> float:
+    """Seconds an orphaned worker may drain before it exits by force."""
+    return float(os.environ.get(DRAIN_BUDGET_ENV, default))
+
+
+def metrics_multiprocess() -> bool:
+    """Whether prometheus_client's multiprocess mode is on (metrics summed over workers)."""
+    return bool(os.environ.get(MULTIPROC_DIR_ENV))

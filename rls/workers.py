@@ -50,12 +50,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rls.settings import (
+    DRAIN_BUDGET_ENV,
+    MULTIPROC_DIR_ENV,
+    SHARED_DIR_ENV,
+    SUPERVISOR_FD_ENV,
+    WORKER_ENV,
+    shared_dir,
+    supervisor_fd,
+    worker_drain_budget,
+)
+
 log = logging.getLogger("rls.workers")
 
-WORKER_ENV = "RLS_WORKER_INDEX"
-SHARED_DIR_ENV = "RLS_SHARED_DIR"
-SUPERVISOR_FD_ENV = "RLS_SUPERVISOR_FD"  # read end of the pipe that tells a worker its parent died
-DRAIN_BUDGET_ENV = "RLS_DRAIN_BUDGET"  # seconds a worker may take to drain once orphaned
 PR_SET_PDEATHSIG = 1
 # A worker's shutdown: shutdown delay (1 s) + drain (5 s) by default, plus start-up slack.
 DEFAULT_DRAIN_BUDGET = 11.0
@@ -121,7 +128,7 @@ def supervise(
     times in a row (exit 1); `command` replaces the worker command line (tests)."""
     shared = tempfile.mkdtemp(prefix="rls-workers-")
     env = dict(os.environ)
-    env["PROMETHEUS_MULTIPROC_DIR"] = shared
+    env[MULTIPROC_DIR_ENV] = shared
     env[SHARED_DIR_ENV] = shared
     env[DRAIN_BUDGET_ENV] = str(drain_budget)
     cmd = list(command) if command else [sys.executable, "-m", "rls", *argv, "--workers", "1"]
@@ -340,11 +347,10 @@ class WorkersCollector:
 def watch_supervisor() -> threading.Thread | None:
     """In a worker: drain (SIGTERM to ourselves) when the supervisor's pipe reports its death,
     and exit by force if draining overruns the budget. No-op outside `--workers`."""
-    raw = os.environ.get(SUPERVISOR_FD_ENV)
-    if not raw:
+    fd = supervisor_fd()
+    if fd is None:
         return None
-    fd = int(raw)
-    budget = float(os.environ.get(DRAIN_BUDGET_ENV, DEFAULT_DRAIN_BUDGET))
+    budget = worker_drain_budget(DEFAULT_DRAIN_BUDGET)
 
     def watch() -> None:
         try:
@@ -371,6 +377,3 @@ def _mark_dead(pid: int) -> None:
     except Exception:
         pass
 
-
-def shared_dir() -> str | None:
-    return os.environ.get(SHARED_DIR_ENV)
