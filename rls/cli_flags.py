@@ -11,10 +11,8 @@ import argparse
 from dataclasses import fields
 
 from rls.config.xds.options import XDS_FLAGS
+from rls.setting_rules import CHOICES, DURATIONS, LOG_LEVEL_ALIASES
 from rls.settings import (
-    CHOICES,
-    DURATIONS,
-    LOG_LEVEL_ALIASES,
     REFERENCE_ENV,
     REFERENCE_ENV_FALLBACK,
     SettingError,
