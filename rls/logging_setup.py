@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 
-WORKER_ENV = "RLS_WORKER_INDEX"  # set by rls.workers for each worker process
+from rls.settings import worker_index
 
 
 class JsonFormatter(logging.Formatter):
@@ -35,7 +34,7 @@ def setup_logging(level: str, fmt: str, worker: str | None = None) -> None:
     the worker index read from RLS_WORKER_INDEX when not given), so interleaved lines of
     several processes can be told apart."""
     if worker is None:
-        worker = os.environ.get(WORKER_ENV)
+        worker = worker_index()
     handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter(worker))

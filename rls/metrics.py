@@ -13,7 +13,6 @@ more than the rest of a decision.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +28,7 @@ from prometheus_client import (
 from rls import __version__
 from rls.core.limits import Limit
 from rls.memo import publish_to
+from rls.settings import metrics_multiprocess
 
 # Label values of the failure counters, each a closed set: their series are created at 0 up
 # front (`prepare_domains` for the per-domain ones), so rate() counts the first burst of
@@ -345,7 +345,7 @@ class Metrics:
     def exposition(self) -> bytes:
         """Prometheus text for /metrics: summed over all workers in multiprocess mode."""
         self.flush()
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        if metrics_multiprocess():
             from prometheus_client import multiprocess
 
             registry = CollectorRegistry()

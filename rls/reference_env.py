@@ -33,7 +33,7 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rls.settings import REFERENCE_ENV, REFERENCE_ENV_FALLBACK, parse_bool
+from rls.settings import REFERENCE_ENV, REFERENCE_ENV_FALLBACK, parse_bool, process_env
 
 # Every variable envoyproxy/ratelimit reads (src/settings/settings.go), plus what Envoy Gateway
 # sets beside them: GRPC_SERVER_TLS_CA_CERT (no reference setting has that name) and the
@@ -219,8 +219,8 @@ def _metrics(env: Mapping[str, str], out: Plan) -> None:
 
 
 def plan(environ: Mapping[str, str] | None = None) -> Plan:
-    """What `/bin/ratelimit` runs for this environment (os.environ by default)."""
-    env = os.environ if environ is None else environ
+    """What `/bin/ratelimit` runs for this environment (the process environment by default)."""
+    env = process_env() if environ is None else environ
     out = Plan()
     try:
         _listeners(env, out)

@@ -1,17 +1,25 @@
 """Runtime settings: CLI flags, each also readable from `RLS_<NAME>` (and some reference names).
 
 Precedence: flag > RLS_* env > envoyproxy/ratelimit env equivalent > default.
+
+The one module that reads the process environment: the Settings fields' variables here, and
+the others (RLS_ADMIN_TOKEN, RLS_QUOTA_*, the `--workers` protocol) by the functions at the end.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from rls.event_loop import uvloop_installed
+from rls.setting_rules import CHOICES as CHOICES  # callers and tests read the rules here too
+from rls.setting_rules import GRPC_ADDRS, MINIMUM, URL_SCHEMES
+from rls.setting_rules import LOG_LEVEL_ALIASES as LOG_LEVEL_ALIASES
 from rls.stores.memory import DEFAULT_MAX_BYTES
 from rls.stores.redis.urls import bare_url_problem, normalize_redis_url, redact, url_problem
+from rls.value_forms import parse_pairs
 
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
 REFERENCE_ENV = {
@@ -217,7 +225,7 @@ class Settings:
             _check_addr(name, getattr(self, name))
         if not self.prometheus_path.startswith("/"):
             raise SettingError("prometheus_path", f"{self.prometheus_path!r} must start with /")
-        if not (self.admin_insecure or self.admin_read_only or os.environ.get("RLS_ADMIN_TOKEN")):
+        if not (self.admin_insecure or self.admin_read_only or admin_token()):
             if not is_loopback(self.http_addr):
                 raise SettingError(
                     "http_addr",
@@ -254,8 +262,6 @@ class Settings:
     def _validate_xds(self) -> None:
         """CONFIG_TYPE=GRPC_XDS_SOTW: a server, well-formed lists, a whole client key pair,
         and no --config beside it (rls/config/xds: no domain comes from two sources)."""
-        from rls.config.xds.options import parse_pairs  # loaded only when validating
-
         for name in ("xds_node_metadata", "xds_additional_headers"):
             try:
                 parse_pairs(getattr(self, name), "=:" if name == "xds_node_metadata" else ":")
@@ -316,65 +322,6 @@ def _check_addr(name: str, addr: str) -> None:
         raise SettingError(name, f"{addr!r} is not host:port")
 
 
-GRPC_ADDRS = ("grpc_addr", "extproc_addr")  # the listeners that also take unix: paths
-
-URL_SCHEMES: dict[str, tuple[str, ...]] = {
-    "redis_url": (
-        "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
-        "rediss+cluster",
-    ),
-    "cache_store": (
-        "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
-        "rediss+cluster", "ssdb", "memory",
-    ),
-}
-
-
-# The reference's (logrus) level names that have a Python equivalent.
-LOG_LEVEL_ALIASES = {"warn": "warning", "trace": "debug", "fatal": "critical", "panic": "critical"}
-
-# Closed sets of values, and lower bounds, checked by Settings.validate.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "failure_mode": ("allow", "deny"),
-    "log_format": ("text", "json"),
-    "loop": ("auto", "uvloop", "asyncio"),
-    "log_level": ("debug", "info", "warning", "error", "critical"),
-    "config_type": ("FILE", "GRPC_XDS_SOTW"),
-    "tracing_protocol": ("http", "grpc"),
-}
-MINIMUM: dict[str, float] = {
-    "workers": 1,
-    "worker_max_failures": 1,
-    "backend_timeout_ms": 1,
-    "breaker_threshold": 1,
-    "probe_interval_ms": 1,
-    "probe_timeout_ms": 1,
-    "overload_cap_ms": 1,
-    "max_inflight": 1,
-    "memory_max_bytes": 1 << 20,
-    "deadline_margin_ms": 0,
-    "reload_interval": 0,
-    "shutdown_delay_ms": 0,
-    "drain_seconds": 0,
-    "max_descriptors": 1,
-    "max_entries": 1,
-    "max_value_bytes": 1,
-    "max_request_bytes": 1,
-    "decision_log_max_bytes": 1024,
-    "max_concurrent_streams": 1,
-    "xds_connect_retry_interval": 0.001,
-    "xds_backoff_initial": 0.001,
-    "xds_backoff_max": 0.001,
-    "xds_backoff_random_factor": 0,
-    "xds_max_msg_bytes": 0,
-}
-# Settings given as durations: seconds, or Go's forms (`10s`, `1m30s`, `500ms`), as the
-# reference's variables are written (rls.config.xds.options.parse_duration).
-DURATIONS = frozenset(
-    {"xds_connect_retry_interval", "xds_backoff_initial", "xds_backoff_max"}
-)
-
-
 class SettingError(ValueError):
     """A bad setting value; `name` is the Settings field, so the message can name its source."""
 
@@ -421,3 +368,76 @@ def parse_bool(text: str) -> bool:
     if lowered in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(f"not a boolean: {text!r}")
+
+
+# The process environment beyond the Settings fields. Every read of os.environ in rls is in
+# this module (issue 32), so what a deployment can set is found in one place; a module that
+# needs a variable calls one of these functions. Writing a child process's environment (the
+# supervisor's workers, the demo's children) stays where the child is started.
+
+ADMIN_TOKEN_ENV = "RLS_ADMIN_TOKEN"
+QUOTA_ENV_PREFIX = "RLS_QUOTA_"
+# The supervisor -> worker protocol of `--workers` (written by rls.workers.supervise).
+WORKER_ENV = "RLS_WORKER_INDEX"  # the worker's slot, in its log lines
+SHARED_DIR_ENV = "RLS_SHARED_DIR"  # the supervisor's directory: status, readiness, metrics
+SUPERVISOR_FD_ENV = "RLS_SUPERVISOR_FD"  # read end of the pipe that tells a worker its parent died
+DRAIN_BUDGET_ENV = "RLS_DRAIN_BUDGET"  # seconds a worker may take to drain once orphaned
+# prometheus_client's multiprocess mode (set for the workers by the supervisor).
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def process_env() -> Mapping[str, str]:
+    """The whole environment, for a module that translates all of it (rls.reference_env)."""
+    return os.environ
+
+
+def admin_token() -> str | None:
+    """RLS_ADMIN_TOKEN: the admin API's bearer token, checked by the listener and sent by the
+    admin clients (rls counters, rls top ...); unset or empty is None (no token)."""
+    return os.environ.get(ADMIN_TOKEN_ENV) or None
+
+
+def quota_unmatched() -> str:
+    """RLS_QUOTA_UNMATCHED: the answer to an RLQS bucket no rule matches (allow | deny; the
+    quota service rejects anything else, naming the variable)."""
+    return os.environ.get(QUOTA_ENV_PREFIX + "UNMATCHED", "allow")
+
+
+def quota_bound_texts(
+    names: Iterable[str], environ: Mapping[str, str] | None = None
+) -> dict[str, tuple[str, str]]:
+    """name -> (variable, text) of each quota-mode bound set as RLS_QUOTA_<NAME>; the bounds'
+    own module (rls.quota.bounds) parses and checks them."""
+    env = os.environ if environ is None else environ
+    found: dict[str, tuple[str, str]] = {}
+    for name in names:
+        var = QUOTA_ENV_PREFIX + name.upper()
+        if var in env:
+            found[name] = (var, env[var])
+    return found
+
+
+def worker_index() -> str | None:
+    """This process's slot under `--workers` (None outside a worker)."""
+    return os.environ.get(WORKER_ENV)
+
+
+def shared_dir() -> str | None:
+    """The supervisor's shared directory; set only in a `--workers` worker."""
+    return os.environ.get(SHARED_DIR_ENV)
+
+
+def supervisor_fd() -> int | None:
+    """The pipe a worker watches for its supervisor's death (None outside a worker)."""
+    raw = os.environ.get(SUPERVISOR_FD_ENV)
+    return int(raw) if raw else None
+
+
+def worker_drain_budget(default: float) -> float:
+    """Seconds an orphaned worker may drain before it exits by force."""
+    return float(os.environ.get(DRAIN_BUDGET_ENV, default))
+
+
+def metrics_multiprocess() -> bool:
+    """Whether prometheus_client's multiprocess mode is on (metrics summed over workers)."""
+    return bool(os.environ.get(MULTIPROC_DIR_ENV))

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from rls.admin.client import HttpFailure, call
+from rls.settings import admin_token
 
 CLEAR = "\x1b[H\x1b[2J"
 
@@ -46,7 +47,7 @@ def fetch(args: argparse.Namespace) -> tuple[int, Any]:
     query = {"sort": args.sort, "window": args.window, "limit": str(args.limit)}
     if args.domain:
         query["domain"] = args.domain
-    token = args.token or os.environ.get("RLS_ADMIN_TOKEN")
+    token = args.token or admin_token()
     try:
         return 200, call(args.admin, "/top?" + urllib.parse.urlencode(query), token=token)
     except HttpFailure as exc:

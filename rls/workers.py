@@ -45,17 +45,24 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rls.settings import (
+    DRAIN_BUDGET_ENV,
+    MULTIPROC_DIR_ENV,
+    SHARED_DIR_ENV,
+    SUPERVISOR_FD_ENV,
+    WORKER_ENV,
+    shared_dir,
+    supervisor_fd,
+    worker_drain_budget,
+)
+
 log = logging.getLogger("rls.workers")
 
-WORKER_ENV = "RLS_WORKER_INDEX"
-SHARED_DIR_ENV = "RLS_SHARED_DIR"
-SUPERVISOR_FD_ENV = "RLS_SUPERVISOR_FD"  # read end of the pipe that tells a worker its parent died
-DRAIN_BUDGET_ENV = "RLS_DRAIN_BUDGET"  # seconds a worker may take to drain once orphaned
 PR_SET_PDEATHSIG = 1
 # A worker's shutdown: shutdown delay (1 s) + drain (5 s) by default, plus start-up slack.
 DEFAULT_DRAIN_BUDGET = 11.0
@@ -120,10 +127,7 @@ def supervise(
     """Run `workers` workers until SIGTERM/SIGINT, or until one slot failed `max_failures`
     times in a row (exit 1); `command` replaces the worker command line (tests)."""
     shared = tempfile.mkdtemp(prefix="rls-workers-")
-    env = dict(os.environ)
-    env["PROMETHEUS_MULTIPROC_DIR"] = shared
-    env[SHARED_DIR_ENV] = shared
-    env[DRAIN_BUDGET_ENV] = str(drain_budget)
+    env = _worker_env(shared, drain_budget)
     cmd = list(command) if command else [sys.executable, "-m", "rls", *argv, "--workers", "1"]
     slots = [Slot(index) for index in range(workers)]
     stopping = False
@@ -131,18 +135,7 @@ def supervise(
     # Never written, never closed by the supervisor: its death closes it (EOF for the workers).
     watch_read, watch_write = os.pipe()
     os.set_inheritable(watch_read, True)
-    me = os.getpid()
-
-    def start(slot: Slot) -> None:
-        slot.proc = subprocess.Popen(
-            cmd,
-            env={**env, WORKER_ENV: str(slot.index), SUPERVISOR_FD_ENV: str(watch_read)},
-            pass_fds=(watch_read,),
-            preexec_fn=lambda: _die_with_parent(me),  # the supervisor has no threads
-        )
-        slot.started = time.monotonic()
-        slot.ready = None
-        log.info("worker %d started (pid %d)", slot.index, slot.proc.pid)
+    start = _starter(cmd, env, watch_read)
 
     def stop(signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -166,12 +159,7 @@ def supervise(
                 if stopping:  # a signal arrived: start nothing more
                     break
                 changed |= _tend(slot, start, shared)
-                if slot.failures >= max_failures:
-                    log.error(
-                        "worker %d failed %d times in a row (last exit %s); stopping all "
-                        "workers and exiting 1 (--worker-max-failures)",
-                        slot.index, slot.failures, slot.last_exit,
-                    )
+                if _failed_for_good(slot, max_failures):
                     gave_up = True
                     stop(signal.SIGTERM, None)
                     break
@@ -179,13 +167,58 @@ def supervise(
                 _write_status(shared, slots)
         codes = _drain(slots, drain_budget)
     finally:
-        for proc in _running(slots):
-            proc.kill()
-            proc.wait()
-        os.close(watch_read)
-        os.close(watch_write)
-        shutil.rmtree(shared, ignore_errors=True)
+        _clean_up(slots, (watch_read, watch_write), shared)
     return 0 if not gave_up and all(code == 0 for code in codes) else 1
+
+
+def _starter(cmd: list[str], env: dict[str, str], watch_read: int) -> Callable[[Slot], None]:
+    """What (re)starts a slot's worker: `cmd` with its slot index and the watch pipe's end."""
+    me = os.getpid()
+
+    def start(slot: Slot) -> None:
+        slot.proc = subprocess.Popen(
+            cmd,
+            env={**env, WORKER_ENV: str(slot.index), SUPERVISOR_FD_ENV: str(watch_read)},
+            pass_fds=(watch_read,),
+            preexec_fn=lambda: _die_with_parent(me),  # the supervisor has no threads
+        )
+        slot.started = time.monotonic()
+        slot.ready = None
+        log.info("worker %d started (pid %d)", slot.index, slot.proc.pid)
+
+    return start
+
+
+def _worker_env(shared: str, drain_budget: float) -> dict[str, str]:
+    """Every worker's environment: the supervisor's own, plus where the shared directory is
+    (status, readiness, multiprocess metrics) and how long an orphan may drain."""
+    env = dict(os.environ)
+    env[MULTIPROC_DIR_ENV] = shared
+    env[SHARED_DIR_ENV] = shared
+    env[DRAIN_BUDGET_ENV] = str(drain_budget)
+    return env
+
+
+def _failed_for_good(slot: Slot, max_failures: int) -> bool:
+    """Whether the slot failed `max_failures` times in a row: the supervisor gives up (logged)."""
+    if slot.failures < max_failures:
+        return False
+    log.error(
+        "worker %d failed %d times in a row (last exit %s); stopping all "
+        "workers and exiting 1 (--worker-max-failures)",
+        slot.index, slot.failures, slot.last_exit,
+    )
+    return True
+
+
+def _clean_up(slots: Sequence[Slot], pipe: tuple[int, int], shared: str) -> None:
+    """Whatever happened: no worker left running, the watch pipe closed, the directory gone."""
+    for proc in _running(slots):
+        proc.kill()
+        proc.wait()
+    for fd in pipe:
+        os.close(fd)
+    shutil.rmtree(shared, ignore_errors=True)
 
 
 def _running(slots: Sequence[Slot]) -> Iterator[subprocess.Popen[bytes]]:
@@ -340,11 +373,10 @@ class WorkersCollector:
 def watch_supervisor() -> threading.Thread | None:
     """In a worker: drain (SIGTERM to ourselves) when the supervisor's pipe reports its death,
     and exit by force if draining overruns the budget. No-op outside `--workers`."""
-    raw = os.environ.get(SUPERVISOR_FD_ENV)
-    if not raw:
+    fd = supervisor_fd()
+    if fd is None:
         return None
-    fd = int(raw)
-    budget = float(os.environ.get(DRAIN_BUDGET_ENV, DEFAULT_DRAIN_BUDGET))
+    budget = worker_drain_budget(DEFAULT_DRAIN_BUDGET)
 
     def watch() -> None:
         try:
@@ -371,6 +403,3 @@ def _mark_dead(pid: int) -> None:
     except Exception:
         pass
 
-
-def shared_dir() -> str | None:
-    return os.environ.get(SHARED_DIR_ENV)

@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+
+from rls.settings import admin_token as admin_token  # the listener's token (server.py)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -36,10 +37,6 @@ READ_ONLY_POSTS = frozenset(
 )
 ALWAYS_GUARDED = frozenset({"/json"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-def admin_token() -> str | None:
-    return os.environ.get("RLS_ADMIN_TOKEN") or None
 
 
 def json_error(status: int, message: str, **headers: str) -> web.Response:

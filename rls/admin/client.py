@@ -8,7 +8,6 @@ status and error; 2: it could not be reached or the arguments were bad).
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import urllib.error
@@ -16,6 +15,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
+
+from rls.settings import admin_token
 
 TOKEN_HINT = "pass --token or set RLS_ADMIN_TOKEN"
 
@@ -56,7 +57,7 @@ def call(
     request = urllib.request.Request(admin.rstrip("/") + path, data=data, method=method)
     if data is not None:
         request.add_header("Content-Type", "application/json")
-    token = token or os.environ.get("RLS_ADMIN_TOKEN")
+    token = token or admin_token()
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:

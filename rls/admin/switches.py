@@ -17,8 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from rls.admin.auth import BadBody, read_json, requires_token
-from rls.settings import Settings
-from rls.workers import shared_dir
+from rls.settings import Settings, shared_dir
 
 log = logging.getLogger("rls.admin")
 

@@ -137,6 +137,37 @@ async def in_daemon_thread(fn: Callable[[], T], timeout: float) -> T:
     return await asyncio.wait_for(future, timeout)
 
 
+def _watch_until_stopped(
+    roots: list[str], recursive: bool, stop: threading.Event, wake: Callable[[], object]
+) -> str:
+    """Call `wake` on every batch of changes under `roots` (watchfiles' inotify watch) until
+    `stop` is set or the watcher fails; why it ended, in one line."""
+    import watchfiles
+
+    settled = False
+    try:
+        for changes in watchfiles.watch(
+            *roots,
+            watch_filter=None,
+            recursive=recursive,
+            debounce=WATCH_DEBOUNCE_MS,
+            step=WATCH_STEP_MS,
+            stop_event=stop,
+            ignore_permission_denied=True,
+            raise_interrupt=False,
+            rust_timeout=WATCH_READY_MS,
+            yield_on_timeout=True,
+        ):
+            # The first yield (a change, or an empty set after WATCH_READY_MS) means the
+            # watches are in place: check once for changes made before that.
+            if changes or not settled:
+                settled = True
+                wake()
+    except Exception as exc:
+        return one_line(str(exc)) or type(exc).__name__
+    return "watcher stopped"
+
+
 class ConfigHolder:
     """Owns the current config; readers call `current()` on every request (one attribute read)."""
 
@@ -287,30 +318,9 @@ class ConfigHolder:
                 ended.set_result(reason)
 
         def run() -> None:
-            import watchfiles
-
-            reason = "watcher stopped"
-            settled = False
-            try:
-                for changes in watchfiles.watch(
-                    *roots,
-                    watch_filter=None,
-                    recursive=recursive,
-                    debounce=WATCH_DEBOUNCE_MS,
-                    step=WATCH_STEP_MS,
-                    stop_event=stop,
-                    ignore_permission_denied=True,
-                    raise_interrupt=False,
-                    rust_timeout=WATCH_READY_MS,
-                    yield_on_timeout=True,
-                ):
-                    # The first yield (a change, or an empty set after WATCH_READY_MS) means
-                    # the watches are in place: check once for changes made before that.
-                    if changes or not settled:
-                        settled = True
-                        loop.call_soon_threadsafe(wake.set)
-            except Exception as exc:
-                reason = one_line(str(exc)) or type(exc).__name__
+            reason = _watch_until_stopped(
+                roots, recursive, stop, lambda: loop.call_soon_threadsafe(wake.set)
+            )
             if not stop.is_set():
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                     loop.call_soon_threadsafe(finish, reason)

@@ -1,13 +1,15 @@
 """The bounds of quota mode: what one RLQS stream and all of them together may hold.
 
-Each is read from an `RLS_QUOTA_*` environment variable (defaults below; docs/quota-mode.md
-lists them). A value that is not a positive number stops rls at start with the variable named.
+Each is read from an `RLS_QUOTA_*` environment variable (through rls.settings; defaults
+below; docs/quota-mode.md lists them). A value that is not a positive number stops rls at
+start with the variable named.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
+
+from rls.settings import quota_bound_texts
 
 MIB = 1 << 20
 SLICE_BUCKETS = 32  # buckets dealt or given back at once (one pipelined Redis round trip)
@@ -39,19 +41,16 @@ class QuotaBounds:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> QuotaBounds:
-        env = os.environ if environ is None else environ
+        """The bounds with each RLS_QUOTA_<FIELD> set (read by rls.settings) in force."""
+        defaults = {f.name: f.default for f in fields(cls)}
         values: dict[str, float | int] = {}
-        for f in fields(cls):
-            name = f"RLS_QUOTA_{f.name.upper()}"
-            text = env.get(name)
-            if text is None:
-                continue
-            kind = float if isinstance(f.default, float) else int
+        for field_name, (name, text) in quota_bound_texts(defaults, environ).items():
+            kind = float if isinstance(defaults[field_name], float) else int
             try:
                 value = kind(text)
             except ValueError:
                 raise ValueError(f"{name} must be a positive number, not {text!r}") from None
             if value <= 0:
                 raise ValueError(f"{name} must be a positive number, not {text!r}")
-            values[f.name] = value
+            values[field_name] = value
         return cls(**values)  # type: ignore[arg-type]

@@ -48,9 +48,22 @@ ERROR_OPS = ("version", "get", "set", "expire", "purge", "decode")
 
 
 class CacheMetrics:
+    """The cache's families in three groups: how requests were answered, what the writer did
+    with storable responses, and the in-process memory store."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry if registry is not None else CollectorRegistry()
         self.registry = r
+        self._answer_metrics(r)
+        self._write_metrics(r)
+        self._memory_store_metrics(r)
+        for reason in BYPASS_REASONS:
+            self.bypasses.labels(reason)
+        for op in ERROR_OPS:
+            self.errors.labels(op)
+
+    def _answer_metrics(self, r: CollectorRegistry) -> None:
+        """Hits, misses, bypasses and the lookups that decided them."""
         self.hits = Counter(
             "rls_cache_hits", "Requests answered from the cache", ["api"], registry=r
         )
@@ -63,6 +76,34 @@ class CacheMetrics:
             "Misses whose response was storable and handed to the writer (x-cache: MISS)",
             ["api"], registry=r,
         )
+        self.bypasses = Counter(
+            "rls_cache_bypasses", "Requests or responses the cache did not serve or keep",
+            ["reason"], registry=r,
+        )
+        self.coalesced = Counter(
+            "rls_cache_coalesced",
+            "Identical misses that waited for a fill in progress, by outcome (hit or timeout)",
+            ["result"], registry=r,
+        )
+        self.fills = Gauge(
+            "rls_cache_fills_in_progress", "Misses whose response is being fetched and stored",
+            registry=r,
+        )
+        self.lookup_seconds = Histogram(
+            "rls_cache_lookup_seconds",
+            "Store round trips of one lookup (version and entry reads; no coalescing wait)",
+            buckets=(0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
+            registry=r,
+        )
+        self.weights = Counter(
+            "rls_cache_weights",
+            "Request weights sent to Envoy for hits_from rules, by source: the JSON member, or "
+            "why the body size was used instead",
+            ["api", "source"], registry=r,
+        )
+
+    def _write_metrics(self, r: CollectorRegistry) -> None:
+        """Stores, refreshes and purges: every storable response ends in one of these."""
         self.stores = Counter("rls_cache_stores", "Responses written to the store", ["api"],
                               registry=r)
         self.store_failures = Counter(
@@ -91,6 +132,17 @@ class CacheMetrics:
             "rls_cache_write_queue_bytes", "Entry bytes held by queued or running stores",
             registry=r,
         )
+        self.stored_bytes = Counter(
+            "rls_cache_stored_bytes", "Bytes of entries written to the store", ["api"], registry=r
+        )
+        self.purges = Counter("rls_cache_purges", "Purges (namespace bumps) per API", ["api"],
+                              registry=r)
+        self.errors = Counter(
+            "rls_cache_errors", "Failed or timed-out store operations", ["op"], registry=r
+        )
+
+    def _memory_store_metrics(self, r: CollectorRegistry) -> None:
+        """The memory store's size and evictions (memory:// store only)."""
         self.memory_bytes = Gauge(
             "rls_cache_memory_store_bytes",
             "Bytes held by the in-process memory store (keys, values and per-entry overhead)",
@@ -101,43 +153,6 @@ class CacheMetrics:
             "Entries the memory store evicted (least recently used first) to stay in budget",
             registry=r,
         )
-        self.stored_bytes = Counter(
-            "rls_cache_stored_bytes", "Bytes of entries written to the store", ["api"], registry=r
-        )
-        self.bypasses = Counter(
-            "rls_cache_bypasses", "Requests or responses the cache did not serve or keep",
-            ["reason"], registry=r,
-        )
-        self.errors = Counter(
-            "rls_cache_errors", "Failed or timed-out store operations", ["op"], registry=r
-        )
-        self.purges = Counter("rls_cache_purges", "Purges (namespace bumps) per API", ["api"],
-                              registry=r)
-        self.coalesced = Counter(
-            "rls_cache_coalesced",
-            "Identical misses that waited for a fill in progress, by outcome (hit or timeout)",
-            ["result"], registry=r,
-        )
-        self.fills = Gauge(
-            "rls_cache_fills_in_progress", "Misses whose response is being fetched and stored",
-            registry=r,
-        )
-        self.lookup_seconds = Histogram(
-            "rls_cache_lookup_seconds",
-            "Store round trips of one lookup (version and entry reads; no coalescing wait)",
-            buckets=(0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
-            registry=r,
-        )
-        self.weights = Counter(
-            "rls_cache_weights",
-            "Request weights sent to Envoy for hits_from rules, by source: the JSON member, or "
-            "why the body size was used instead",
-            ["api", "source"], registry=r,
-        )
-        for reason in BYPASS_REASONS:
-            self.bypasses.labels(reason)
-        for op in ERROR_OPS:
-            self.errors.labels(op)
 
     def snapshot(self) -> dict[str, Any]:
         """Counter values by name and label, for the admin `/cache/stats` endpoint."""

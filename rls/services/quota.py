@@ -22,7 +22,6 @@ new streams (UNAVAILABLE), so Envoy's next report goes to a live process, which 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -40,7 +39,7 @@ from rls.quota.outbox import OutboxPool
 from rls.quota.share import Dealer
 from rls.quota.stream import AbortStatus, QuotaStream
 from rls.quota.tasks import Background
-from rls.settings import Settings
+from rls.settings import Settings, quota_unmatched
 from rls.stores.base import Backend
 
 __all__ = ["SERVICE_NAME", "STORE_TIMEOUT_MS", "QuotaService", "QuotaStream"]
@@ -70,7 +69,7 @@ class QuotaService:
         limits = limits or QuotaBounds.from_env()
         metrics = QuotaMetrics(registry)
         dealer = dealer or Dealer(backend, max(settings.backend_timeout_ms, STORE_TIMEOUT_MS))
-        mode = unmatched or os.environ.get("RLS_QUOTA_UNMATCHED", "allow")
+        mode = unmatched or quota_unmatched()
         if mode not in ("allow", "deny"):
             raise ValueError(f"RLS_QUOTA_UNMATCHED must be allow or deny, not {mode!r}")
         ids = IdBytes(limits.bucket_bytes)

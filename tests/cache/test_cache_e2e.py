@@ -8,7 +8,7 @@ import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from rls.response_cache.cli import purge
+from rls.admin.cache_cli import purge
 
 from .conftest import Stack
 from .harness import GATEWAY, Response, poll

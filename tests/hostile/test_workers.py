@@ -23,11 +23,11 @@ import pytest
 from conftest import ROOT, free_port, http_get, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rls.settings import SHARED_DIR_ENV
 from rls.workers import (
     BACKOFF_CAP,
     BACKOFF_FIRST,
     CRASH_LOOP_FAILURES,
-    SHARED_DIR_ENV,
     STATUS_FILE,
     backoff,
     worker_problem,

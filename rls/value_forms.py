@@ -1,0 +1,45 @@
+"""The written forms of setting values the reference uses: Go durations and `k1:v1,k2:v2`
+lists.
+
+A leaf (no rls import): rls.settings validates with them and rls.config.xds reads with them,
+so settings needs nothing from the config package (it stays low in the import graph).
+"""
+
+from __future__ import annotations
+
+import re
+
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from `10s`, `1m30s`, `500ms`, `1.5h` (Go's time.ParseDuration) or a plain number
+    of seconds; ValueError otherwise."""
+    raw = text.strip()
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    body = raw.removeprefix("+")
+    parts = _GO_PART.findall(body)
+    if not parts or "".join(n + u for n, u in parts) != body:
+        raise ValueError(f"{text!r} is not a duration (e.g. 10s, 1m30s, 500ms)")
+    return sum(float(number) * _GO_UNITS[unit] for number, unit in parts)
+
+
+def parse_pairs(text: str, separators: str = ":") -> dict[str, str]:
+    """`k1:v1,k2:v2` as a dict; each entry is split at its first character in `separators`
+    (node metadata takes `k=v` too, as the reference's parser does). Empty entries are
+    skipped; an entry without a separator or with an empty key is a ValueError naming it."""
+    pairs: dict[str, str] = {}
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        cut = min((i for i in (entry.find(s) for s in separators) if i >= 0), default=-1)
+        if cut <= 0:
+            shown = " or ".join(f"key{s}value" for s in separators)
+            raise ValueError(f"entry {entry!r} is not {shown}")
+        pairs[entry[:cut].strip()] = entry[cut + 1 :].strip()
+    return pairs
