@@ -38,7 +38,7 @@ def idents(draw: st.DrawFn) -> str:
     """Idents as the service builds them: configured limits and request overrides."""
     unit = draw(st.sampled_from(sorted(UNIT_SECONDS)))
     multiplier = draw(st.one_of(st.just(1), st.integers(1, 4294967295)))
-    if draw(st.booleans()):  # a RateLimitOverride from the request (limiter._override_limit)
+    if draw(st.booleans()):  # a RateLimitOverride from the request (outcomes.OverrideLimits)
         return f"o{UNIT_SECONDS[unit] * multiplier}"
     calendar = draw(st.booleans())
     return Limit(

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from rls.config.model import UNIT_SECONDS, Domain, Limit, RateLimitConfig, Unit
+from rls.config.model import Domain, Limit, RateLimitConfig
 from rls.core.keys import counter_key
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.core.usage import UsageOp, usage_ops
@@ -30,6 +30,7 @@ from rls.engine.decision import (
 )
 from rls.engine.decision_log import DecisionLog
 from rls.engine.fallback import FallbackLimiter
+from rls.engine.outcomes import OverrideLimits, fold_outcomes
 from rls.engine.over_limit_cache import OverLimitCache
 from rls.engine.rules import COUNTED, UNLIMITED, domain_shadowed, fails_open, limit_role
 from rls.engine.top import NEAR, OVER, TopTalkers
@@ -73,7 +74,7 @@ class RateLimiter:
         self.backend = backend
         self.settings = settings
         self.metrics = metrics
-        self._overrides: dict[tuple[object, ...], Limit] = {}
+        self._overrides = OverrideLimits()
         self._calendar = CalendarCache()
         # An in-process store answers at once (no round trip to guard, no over-limit cache).
         self._decide_now = backend.decide_now if backend.in_process else None
@@ -120,16 +121,9 @@ class RateLimiter:
                 self.decisions.record(domain, descriptors, request_hits, "OK", now_ms)
             return Decision(OK, statuses)
 
-        settings = self.settings
         memo = self._memo(config, domain)
         checks = self._checks(dom, domain, descriptors, request_hits, now_ms, statuses, memo)
-        usage: list[UsageOp] = []
-        if dom.usage is not None:
-            clock_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-            usage = usage_ops(
-                dom.usage, settings.key_prefix, domain, [d.entries for d in descriptors], clock_ms,
-                dom.key_hash,
-            )
+        usage = self._usage(dom, domain, descriptors, now_ms)
         over_cache = self._over_cache
         cands = 0  # candidate checks at the end of `checks` (rls/core/admission.py)
         if dom.has_candidates and checks:
@@ -147,26 +141,77 @@ class RateLimiter:
             if others:
                 await self._report_uncharged(others, now_ms, statuses)
         elif checks:
-            try:
-                outcomes, failure = await self._decide(checks, now_ms, usage, dom, budget_s)
-            except Overloaded:
-                self.metrics.count_failure_answer(domain, OVERLOADED, "unavailable")
-                raise
-            from_backend = outcomes is not None
-            if cands:
-                checks, outcomes = split_candidates(
-                    self.metrics, self.top, self._near_ratio, domain, descriptors, checks,
-                    outcomes, cands,
-                )
-            if outcomes is None and settings.fallback_share > 0:
-                outcomes = self._fallback.decide(checks, now_ms)
-                if outcomes is not None:
-                    self.metrics.count_failure_answer(domain, failure, "fallback")
-            if outcomes is None:
-                return self._failure_answer(dom, domain, checks, statuses, failure)
-            overall = self._report(checks, outcomes, statuses)
-            if over_cache is not None and overall == OVER_LIMIT and from_backend:
-                over_cache.remember(checks, outcomes)  # never a fallback (local-share) verdict
+            decided = await self._decide_checks(
+                dom, domain, descriptors, checks, cands, usage, statuses, now_ms, budget_s,
+                over_cache,
+            )
+            if isinstance(decided, Decision):  # the store could not decide: the failure mode
+                return decided
+            overall = decided
+        return self._answer(domain, descriptors, request_hits, now_ms, statuses, overall, memo)
+
+    async def _decide_checks(
+        self,
+        dom: Domain,
+        domain: str,
+        descriptors: Sequence[DescriptorIn],
+        checks: list[Check],
+        cands: int,
+        usage: list[UsageOp],
+        statuses: list[Status],
+        now_ms: int | None,
+        budget_s: float | None,
+        over_cache: OverLimitCache | None,
+    ) -> int | Decision:
+        """The store call and its verdict folded into `statuses`: the overall code, or the
+        failure mode's answer when neither the store nor the fallback share could decide."""
+        try:
+            outcomes, failure = await self._decide(checks, now_ms, usage, dom, budget_s)
+        except Overloaded:
+            self.metrics.count_failure_answer(domain, OVERLOADED, "unavailable")
+            raise
+        from_backend = outcomes is not None
+        if cands:
+            checks, outcomes = split_candidates(
+                self.metrics, self.top, self._near_ratio, domain, descriptors, checks,
+                outcomes, cands,
+            )
+        if outcomes is None and self.settings.fallback_share > 0:
+            outcomes = self._fallback.decide(checks, now_ms)
+            if outcomes is not None:
+                self.metrics.count_failure_answer(domain, failure, "fallback")
+        if outcomes is None:
+            return self._failure_answer(dom, domain, checks, statuses, failure)
+        overall = fold_outcomes(self.metrics, checks, outcomes, statuses)
+        if over_cache is not None and overall == OVER_LIMIT and from_backend:
+            over_cache.remember(checks, outcomes)  # never a fallback (local-share) verdict
+        return overall
+
+    def _usage(
+        self, dom: Domain, domain: str, descriptors: Sequence[DescriptorIn], now_ms: int | None
+    ) -> list[UsageOp]:
+        """The domain's usage statistics writes for this request (none without `usage_stats`)."""
+        if dom.usage is None:
+            return []
+        clock_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+        return usage_ops(
+            dom.usage, self.settings.key_prefix, domain, [d.entries for d in descriptors],
+            clock_ms, dom.key_hash,
+        )
+
+    def _answer(
+        self,
+        domain: str,
+        descriptors: Sequence[DescriptorIn],
+        request_hits: int,
+        now_ms: int | None,
+        statuses: list[Status],
+        overall: int,
+        memo: BoundedCache,
+    ) -> Decision:
+        """A decided request's answer: top talkers fed, the domain's shadow switch applied
+        (rls.engine.rules), counted, logged for replay, metadata attached."""
+        settings = self.settings
         self._record_top(domain, descriptors, statuses, request_hits)
         if overall == OVER_LIMIT and domain_shadowed(settings, domain):
             if not settings.limiting_off:
@@ -200,7 +245,7 @@ class RateLimiter:
         for i, desc in enumerate(descriptors):
             hits = default_hits if desc.hits is None else desc.hits
             if desc.override is not None:
-                limit = self._override_limit(domain, desc)
+                limit = self._overrides.limit(domain, desc)
                 key = counter_key(prefix, domain, desc.entries, limit.ident, dom.key_hash)
                 matched.append((i, limit, key, None, hits, desc.negative))
                 continue
@@ -318,7 +363,7 @@ class RateLimiter:
             self._backend_errors.inc()
             self._log_failure(exc)
             return
-        self._report(checks, verdict.outcomes, statuses)
+        fold_outcomes(self.metrics, checks, verdict.outcomes, statuses)
 
     def clear_local_cache(self) -> None:
         """Forget locally known over-limit keys (a config reload may change the limits)."""
@@ -445,72 +490,6 @@ class RateLimiter:
                 self._failure_log.take_suppressed() + 1,
                 str(exc) or type(exc).__name__,
             )
-
-    def _report(self, checks: list[Check], outcomes: list[Outcome], statuses: list[Status]) -> int:
-        """Fold check outcomes into per-descriptor statuses; return the overall code."""
-        overall = OK
-        quota_seen = quota_room = False
-        for check, out in zip(checks, outcomes, strict=True):
-            limit = check.limit
-            flags = check.flags
-            shadow = bool(flags & SHADOW)
-            if not flags & NEGATIVE:
-                self.metrics.record_limit(
-                    limit, check.stats_key, check.hits, out.used, not out.ok, shadow
-                )
-            status = statuses[check.descriptor]
-            over = not out.ok and not shadow
-            if flags & QUOTA and not flags & NEGATIVE:
-                quota_seen = True
-                quota_room = quota_room or not over
-            elif over:
-                overall = OVER_LIMIT
-            remaining = 0 if not out.ok else out.remaining
-            if status.limit is None or _tighter(over, remaining, out.reset_ms, status):
-                status.code = OVER_LIMIT if over else OK
-                status.limit = limit
-                status.remaining = remaining
-                status.reset_ms = out.reset_ms
-        if quota_seen and not quota_room:
-            overall = OVER_LIMIT
-        return overall
-
-    def _override_limit(self, domain: str, desc: DescriptorIn) -> Limit:
-        """Limit from a request's RateLimitOverride, cached per shape (bounded).
-
-        Its stats key names the entry keys, not their values, so requests carrying overrides for
-        unique values cannot grow the metrics without bound (reference issue #275).
-        """
-        assert desc.override is not None
-        rpu, unit, multiplier = desc.override
-        key = (domain, rpu, unit, multiplier, *(k for k, _ in desc.entries))
-        limit = self._overrides.get(key)
-        if limit is None:
-            if unit not in _UNITS or Unit(unit) not in UNIT_SECONDS:
-                raise InvalidRequest(f"limit override has an invalid unit {unit}")
-            full_key = ".".join([domain, *(k for k, _ in desc.entries), "override"])
-            limit = Limit(
-                requests_per_unit=rpu,
-                unit=Unit(unit),
-                unit_multiplier=max(1, multiplier),
-                full_key=full_key,
-                ident=f"o{UNIT_SECONDS[Unit(unit)] * max(1, multiplier)}",
-            )
-            if len(self._overrides) < 1024:
-                self._overrides[key] = limit
-        return limit
-
-
-def _tighter(over: bool, remaining: int, reset_ms: int, current: Status) -> bool:
-    """Whether a check should replace the one a descriptor currently reports."""
-    if over:
-        if current.code != OVER_LIMIT:
-            return True
-        return reset_ms > (current.reset_ms or 0)  # report when the caller is let in again
-    return remaining < current.remaining
-
-
-_UNITS = frozenset(int(u) for u in Unit)
 
 
 _CODE = {OK: "OK", OVER_LIMIT: "OVER_LIMIT"}

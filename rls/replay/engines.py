@@ -181,7 +181,7 @@ class FastEngine:
     @staticmethod
     def _overs(ts: int, plan: Plan) -> tuple[tuple[int, str], ...]:
         """Per descriptor, the limit it reports over: the first over check, replaced by a
-        later one that resets later (the limiter's `_tighter`)."""
+        later one that resets later (`outcomes._tighter`)."""
         counters, checks, _ = plan
         chosen: dict[int, tuple[int, str]] = {}
         for i, j, full_key in checks:
