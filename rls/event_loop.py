@@ -7,8 +7,10 @@ path is measured on it (benchmarks run their floor on the same loop). `--loop as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 from collections.abc import Callable
+from typing import Any
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
@@ -32,3 +34,13 @@ def loop_factory(choice: str) -> LoopFactory | None:
 
     factory: LoopFactory = uvloop.new_event_loop
     return factory
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a background task and wait until it has unwound (its CancelledError is the
+    expected ending, not an error). None: nothing to stop."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from rls.config.errors import ConfigError
 from rls.config.loader import LoadBudget, config_files, load_paths
 from rls.config.model import RateLimitConfig
+from rls.event_loop import cancel_and_wait
 from rls.metrics import Metrics
 
 log = logging.getLogger("rls.config")
@@ -374,8 +375,5 @@ class ConfigHolder:
             self._task = asyncio.get_running_loop().create_task(self.watch(interval))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

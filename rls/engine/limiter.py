@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from rls.config.model import Domain, Limit, RateLimitConfig
 from rls.core.keys import counter_key
@@ -45,18 +45,16 @@ from rls.stores.guard import decide_within, within
 
 log = logging.getLogger("rls.limiter")
 
+# (checks, now_ms, usage, usage_ttl_ms, budget_s) -> outcomes, or None and why (tracing wraps it)
+StoreCall = Callable[
+    [list[Check], int | None, list[UsageOp] | None, int, float | None],
+    Awaitable[tuple[list[Outcome] | None, str]],
+]
+
 # The decision values are defined in rls.engine.decision and re-exported here for callers.
 __all__ = [
-    "OK",
-    "OVER_LIMIT",
-    "UNLIMITED_REMAINING",
-    "Decision",
-    "DescriptorIn",
-    "InvalidRequest",
-    "NoConfigLoaded",
-    "Overloaded",
-    "RateLimiter",
-    "Status",
+    "OK", "OVER_LIMIT", "UNLIMITED_REMAINING", "Decision", "DescriptorIn", "InvalidRequest",
+    "NoConfigLoaded", "Overloaded", "RateLimiter", "Status", "StoreCall",
 ]
 
 
@@ -78,7 +76,7 @@ class RateLimiter:
         self._calendar = CalendarCache()
         # An in-process store answers at once (no round trip to guard, no over-limit cache).
         self._decide_now = backend.decide_now if backend.in_process else None
-        self.call_store = self._call_backend  # the one store call; tracing wraps it at start
+        self.call_store: StoreCall = self._call_backend  # tracing wraps it at start
         self._roundtrips = metrics.backend_calls.labels(backend.name)
         self._backend_errors = metrics.backend_errors.labels(backend.name, settings.failure_mode)
         self._failure_log = LogGate(per_second=1)

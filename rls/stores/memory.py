@@ -21,7 +21,6 @@ least likely to be asked for again before its window ends. Evictions are counted
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -31,6 +30,7 @@ from rls.core.admission import admit
 from rls.core.algorithms import ALGORITHMS
 from rls.core.model import NEGATIVE, Check, Outcome, Verdict
 from rls.core.usage import UsageOp
+from rls.event_loop import cancel_and_wait
 from rls.stores.deadline import Deadline
 
 # Estimated bytes of one counter besides its key's characters: dict slot, key object, state
@@ -84,11 +84,8 @@ class MemoryBackend:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+        await cancel_and_wait(self._sweeper)
+        self._sweeper = None
 
     async def healthy(self) -> bool:
         return True

@@ -10,8 +10,8 @@ costs the context extraction and a non-recording span (never made current); attr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
@@ -24,6 +24,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from rls.core.model import Check, Outcome
 from rls.core.usage import UsageOp
+from rls.engine.limiter import StoreCall
 
 # Span attributes an operator filters on (docs/observability.md#tracing).
 DOMAIN = "rls.domain"
@@ -37,19 +38,6 @@ BUCKETS = "rls.buckets"
 
 UnaryBehavior = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
 StreamBehavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]
-
-
-class StoreCall(Protocol):
-    """`RateLimiter.call_store`: a decision's one store call (outcomes, or why none)."""
-
-    def __call__(
-        self,
-        checks: list[Check],
-        now_ms: int | None,
-        usage: list[UsageOp] | None = None,
-        usage_ttl_ms: int = 0,
-        budget_s: float | None = None,
-    ) -> Coroutine[Any, Any, tuple[list[Outcome] | None, str]]: ...
 
 
 _GETTER = DefaultGetter()
@@ -99,11 +87,8 @@ class Spans:
         store = self.store
 
         async def traced(
-            checks: list[Check],
-            now_ms: int | None,
-            usage: list[UsageOp] | None = None,
-            usage_ttl_ms: int = 0,
-            budget_s: float | None = None,
+            checks: list[Check], now_ms: int | None, usage: list[UsageOp] | None,
+            usage_ttl_ms: int, budget_s: float | None,
         ) -> tuple[list[Outcome] | None, str]:
             parent = trace.get_current_span()
             if not parent.is_recording():

@@ -74,7 +74,7 @@ def test_a_store_failure_names_its_reason_on_the_store_and_server_spans() -> Non
 
     async def decide() -> None:
         with tracer.start_as_current_span("ShouldRateLimit"):
-            assert await limiter.call_store([], None) == (None, "store_down")
+            assert await limiter.call_store([], None, None, 0, None) == (None, "store_down")
 
     asyncio.run(decide())
     assert tracing.flush(5.0)

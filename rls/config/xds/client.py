@@ -17,7 +17,6 @@ a jittered exponential back-off (a failed connect: after the connect retry inter
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import hashlib
 import logging
@@ -46,6 +45,7 @@ from rls.config.xds.convert import (
     build_config,
 )
 from rls.config.xds.options import Backoff, parse_pairs
+from rls.event_loop import cancel_and_wait
 from rls.settings import Settings
 
 log = logging.getLogger("rls.config.xds")
@@ -138,11 +138,8 @@ class XdsConfigSource:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self._set_connected(False)
 
     def status(self) -> dict[str, object]:

@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from rls.core.algorithms.registry import REGISTRY
 from rls.core.model import Check, Verdict
 from rls.core.usage import UsageOp
+from rls.event_loop import cancel_and_wait
 from rls.stores.base import BackendError
 from rls.stores.breaker import CircuitBreaker
 from rls.stores.deadline import Deadline
@@ -133,11 +134,8 @@ class RedisBackend:
         self.breaker.close()
 
     async def close(self) -> None:
-        if self._clock_task is not None:
-            self._clock_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._clock_task
-            self._clock_task = None
+        await cancel_and_wait(self._clock_task)
+        self._clock_task = None
         await self.breaker.stop()
         await self.topology.close()
         await self.client.aclose()
