@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rls.config.errors import ConfigError, ConfigWarning, Problems
@@ -99,92 +100,87 @@ def check_keys(
     if isinstance(obj, dict) and isinstance(obj.get("domain"), str):
         root = obj["domain"]
     report = problems.add if problems is not None else _raise
-    _check_keys(file, obj, warnings, root, line_of(obj), False, report)
+    _KeyWalk(file, warnings, report).keys(obj, root, line_of(obj), False)
 
 
 def _raise(error: ConfigError) -> None:
     raise error
 
 
-def _check_keys(
-    file: str,
-    obj: Any,
-    warnings: list[ConfigWarning] | None,
-    path: str,
-    line: int | None,
-    in_descriptors: bool,
-    report: Callable[[ConfigError], None],
-) -> None:
-    if isinstance(obj, dict):
-        if in_descriptors:
-            path = f"{path}.{node_part(obj)}" if path else node_part(obj)
-        if warnings is not None and isinstance(obj, YamlMap):
+@dataclass(frozen=True, slots=True)
+class _KeyWalk:
+    """Checks every key of one file's document: `report` takes each problem (or raises it),
+    duplicate keys become `warnings` when they are collected."""
+
+    file: str
+    warnings: list[ConfigWarning] | None
+    report: Callable[[ConfigError], None]
+
+    def keys(self, obj: Any, path: str, line: int | None, in_descriptors: bool) -> None:
+        file, report = self.file, self.report
+        if isinstance(obj, dict):
+            if in_descriptors:
+                path = f"{path}.{node_part(obj)}" if path else node_part(obj)
+            self._duplicates(obj, path)
+            for k, v in obj.items():
+                k_line = line_of(obj, k)
+                if not isinstance(k, str):
+                    report(ConfigError(
+                        file, f"config error, key is not of type string: {render(k)}",
+                        line=k_line, node=path,
+                    ))
+                    continue
+                child = f"{path}.{k}" if path else k
+                if k not in VALID_KEYS:
+                    report(ConfigError(
+                        file, f"config error, unknown key '{k}'",
+                        line=k_line, node=child, hint=did_you_mean(k),
+                    ))
+                    continue
+                if k in ("metadata", "usage_stats"):
+                    # metadata: arbitrary user data, not validated (reference behaviour);
+                    # usage_stats: validated by parse_usage_stats.
+                    continue
+                if k == "descriptors":
+                    self.keys(v, path, k_line, True)
+                else:
+                    self.keys(v, child, k_line, False)
+        elif isinstance(obj, list):
+            self.items(obj, path, line, in_descriptors)
+        elif obj is None or isinstance(obj, (str, bool, int, YamlBool)):
+            return
+        else:
+            report(ConfigError(
+                file, "error checking config", line=line, node=path,
+                hint=f"{render(obj)} is not a string, integer or boolean",
+            ))
+
+    def _duplicates(self, obj: dict[Any, Any], path: str) -> None:
+        if self.warnings is not None and isinstance(obj, YamlMap):
             for key, key_line in obj.duplicates:
-                warnings.append(
+                self.warnings.append(
                     ConfigWarning(
-                        file,
+                        self.file,
                         f"key '{render(key)}' appears twice in one mapping; "
                         "only the last one is used",
                         key_line,
                         path,
                     )
                 )
-        for k, v in obj.items():
-            k_line = line_of(obj, k)
-            if not isinstance(k, str):
-                report(ConfigError(
-                    file, f"config error, key is not of type string: {render(k)}",
-                    line=k_line, node=path,
+
+    def items(self, items: list[Any], path: str, line: int | None, in_descriptors: bool) -> None:
+        """A list's items must be maps (the reference's rule), each checked like any map."""
+        for index, item in enumerate(items):
+            if not isinstance(item, dict):
+                self.report(ConfigError(
+                    self.file,
+                    "config error, yaml file contains list of type other than map: "
+                    f"{render(item)}",
+                    line=line, node=path,
                 ))
                 continue
-            child = f"{path}.{k}" if path else k
-            if k not in VALID_KEYS:
-                report(ConfigError(
-                    file, f"config error, unknown key '{k}'",
-                    line=k_line, node=child, hint=did_you_mean(k),
-                ))
-                continue
-            if k in ("metadata", "usage_stats"):
-                # metadata: arbitrary user data, not validated (reference behaviour);
-                # usage_stats: validated by parse_usage_stats.
-                continue
-            if k == "descriptors":
-                _check_keys(file, v, warnings, path, k_line, True, report)
-            else:
-                _check_keys(file, v, warnings, child, k_line, False, report)
-    elif isinstance(obj, list):
-        _check_list(file, obj, warnings, path, line, in_descriptors, report)
-    elif obj is None or isinstance(obj, (str, bool, int, YamlBool)):
-        return
-    else:
-        report(ConfigError(
-            file, "error checking config", line=line, node=path,
-            hint=f"{render(obj)} is not a string, integer or boolean",
-        ))
-
-
-def _check_list(
-    file: str,
-    items: list[Any],
-    warnings: list[ConfigWarning] | None,
-    path: str,
-    line: int | None,
-    in_descriptors: bool,
-    report: Callable[[ConfigError], None],
-) -> None:
-    """A list's items must be maps (the reference's rule), each checked like any map."""
-    for index, item in enumerate(items):
-        if not isinstance(item, dict):
-            report(ConfigError(
-                file,
-                f"config error, yaml file contains list of type other than map: {render(item)}",
-                line=line, node=path,
-            ))
-            continue
-        item_path = path if in_descriptors else f"{path}[{index}]"
-        _check_keys(
-            file, item, warnings, item_path, line_of(item) or line, in_descriptors, report
-        )
+            item_path = path if in_descriptors else f"{path}[{index}]"
+            self.keys(item, item_path, line_of(item) or line, in_descriptors)
 
 
 class DomainParser:

@@ -31,12 +31,12 @@ from rls.stores.breaker import CircuitBreaker
 from rls.stores.deadline import Deadline
 from rls.stores.redis.clock import StoreClock
 from rls.stores.redis.node_breakers import NodeBreakers, NodeGroup
-from rls.stores.redis.scripts import ScriptBook
+from rls.stores.redis.scripts import ScriptBook, ScriptRunner
 from rls.stores.redis.standalone import record_usage
 from rls.stores.windows import store_key
 
 
-class Cluster:
+class Cluster(ScriptRunner):
     """A Redis Cluster behind redis-py's cluster client, a breaker per master."""
 
     cluster = True
@@ -97,15 +97,6 @@ class Cluster:
         """One script call, once one of the pool's slots is free."""
         async with self.slots:
             return await script(keys=keys, args=args)
-
-    async def run(
-        self, checks: Sequence[Check], now_ms: int | None, mode: str,
-        deadline: Deadline | None = None,
-    ) -> Verdict:
-        book = self.book
-        script, keys, args, now = book.args(checks, now_ms, mode, self.clock.now_ms)
-        res = await self.eval(script, keys, args)
-        return book.verdict(script, res, checks, mode, now)
 
     def _slots(self, checks: Sequence[Check], now_ms: int) -> list[list[int]]:
         """Indexes of the checks grouped by the Cluster slot of their keys at `now_ms`."""

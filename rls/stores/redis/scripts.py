@@ -21,6 +21,7 @@ versions side by side during a rolling upgrade never replace each other's code.
 from __future__ import annotations
 
 import struct
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import resources
@@ -41,6 +42,8 @@ from rls.core.model import (
     Outcome,
     Verdict,
 )
+from rls.stores.deadline import Deadline
+from rls.stores.redis.clock import StoreClock
 from rls.stores.windows import counts_in_window, expiry_ms, layout, store_key, window_bounds
 from rls.stores.windows import lua_prelude as windows_prelude
 
@@ -286,3 +289,26 @@ class ScriptBook:
         if script is self.lean:
             return lean_verdict(res, checks, mode, now)
         return verdict(res)
+
+
+class ScriptRunner(ABC):
+    """What both Redis topologies share: one request's script call, read as a Verdict. Each
+    topology says how a script is evaluated (the wire or redis-py; per slot on a Cluster)."""
+
+    book: ScriptBook
+    clock: StoreClock
+
+    @abstractmethod
+    async def eval(
+        self, script: Any, keys: Sequence[Any], args: Sequence[Any],
+        deadline: Deadline | None = None,
+    ) -> Any: ...
+
+    async def run(
+        self, checks: Sequence[Check], now_ms: int | None, mode: str,
+        deadline: Deadline | None = None,
+    ) -> Verdict:
+        book = self.book
+        script, keys, args, now = book.args(checks, now_ms, mode, self.clock.now_ms)
+        res = await self.eval(script, keys, args, deadline)
+        return book.verdict(script, res, checks, mode, now)

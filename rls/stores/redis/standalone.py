@@ -20,7 +20,7 @@ from rls.core.model import Check, Verdict
 from rls.core.usage import UsageOp
 from rls.stores.deadline import Deadline
 from rls.stores.redis.clock import StoreClock
-from rls.stores.redis.scripts import LeanBatch, ScriptBook
+from rls.stores.redis.scripts import LeanBatch, ScriptBook, ScriptRunner
 from rls.stores.redis.wire import ReplyError, Wire, pack, reply_exception
 
 
@@ -48,7 +48,7 @@ def queue_usage(pipe: Any, ops: Sequence[UsageOp], ttl_ms: int) -> None:
         pipe.pexpire(key, ttl_ms)
 
 
-class Standalone:
+class Standalone(ScriptRunner):
     """One Redis (found directly or through Sentinel): the wire when `lean`, else redis-py."""
 
     cluster = False
@@ -99,15 +99,6 @@ class Standalone:
 
     async def peek(self, checks: Sequence[Check], now_ms: int | None) -> Verdict:
         return await self.run(checks, now_ms, "e")
-
-    async def run(
-        self, checks: Sequence[Check], now_ms: int | None, mode: str,
-        deadline: Deadline | None = None,
-    ) -> Verdict:
-        book = self.book
-        script, keys, args, now = book.args(checks, now_ms, mode, self.clock.now_ms)
-        res = await self.eval(script, keys, args, deadline)
-        return book.verdict(script, res, checks, mode, now)
 
     async def eval(
         self, script: Any, keys: Sequence[Any], args: Sequence[Any],
