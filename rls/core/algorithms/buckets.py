@@ -20,6 +20,15 @@ if TYPE_CHECKING:  # only for hints: the config parser imports this package
 Bucket = tuple[float, int] | None  # (tokens or level, last update ms)
 
 
+
+def _ms_at_rate(amount: float, check: Check) -> int:
+    """How long the limit's rate takes to refill (or drain) `amount`: a whole window when the
+    rate is 0."""
+    cap = check.limit.requests_per_unit
+    if cap <= 0:
+        return check.limit.window_ms
+    return math.ceil(amount * float(check.limit.window_ms) / float(cap))
+
 class TokenBucket:
     def _tokens(self, state: Bucket, now_ms: int, check: Check) -> float:
         burst = burst_of(check)
@@ -31,12 +40,6 @@ class TokenBucket:
             tokens = tokens + float(now_ms - last) * float(cap) / float(check.limit.window_ms)
         return min(float(burst), tokens)
 
-    def _refill_ms(self, missing: float, check: Check) -> int:
-        cap = check.limit.requests_per_unit
-        if cap <= 0:
-            return check.limit.window_ms
-        return math.ceil(missing * float(check.limit.window_ms) / float(cap))
-
     def evaluate(self, state: Bucket, now_ms: int, check: Check) -> Evaluation:
         if check.limit.requests_per_unit <= 0:
             return False, 0, 0, check.limit.window_ms, 0
@@ -46,21 +49,21 @@ class TokenBucket:
         ok = tokens >= need
         burst = burst_of(check)
         if ok:
-            reset = self._refill_ms(float(burst) - (tokens - float(hits)), check)
+            reset = _ms_at_rate(float(burst) - (tokens - float(hits)), check)
         else:
-            reset = self._refill_ms(float(need) - tokens, check)
+            reset = _ms_at_rate(float(need) - tokens, check)
         remaining = max(0, math.floor(tokens - float(hits)))
         return ok, remaining, max(0, math.floor(tokens)), reset, max(0, burst - math.floor(tokens))
 
     def charge(self, state: Bucket, now_ms: int, check: Check) -> tuple[Bucket, int]:
         tokens = self._tokens(state, now_ms, check) - float(check.hits)
-        full_in = self._refill_ms(float(burst_of(check)) - tokens, check)
+        full_in = _ms_at_rate(float(burst_of(check)) - tokens, check)
         return (tokens, now_ms), now_ms + full_in + GRACE_MS
 
     def release(self, state: Bucket, now_ms: int, check: Check) -> tuple[Bucket, int]:
         burst = float(burst_of(check))
         tokens = min(burst, self._tokens(state, now_ms, check) + float(check.hits))
-        return (tokens, now_ms), now_ms + self._refill_ms(burst - tokens, check) + GRACE_MS
+        return (tokens, now_ms), now_ms + _ms_at_rate(burst - tokens, check) + GRACE_MS
 
 
 class LeakyBucket:
@@ -75,12 +78,6 @@ class LeakyBucket:
             level = level - float(now_ms - last) * float(cap) / float(check.limit.window_ms)
         return max(0.0, level)
 
-    def _drain_ms(self, amount: float, check: Check) -> int:
-        cap = check.limit.requests_per_unit
-        if cap <= 0:
-            return check.limit.window_ms
-        return math.ceil(amount * float(check.limit.window_ms) / float(cap))
-
     def evaluate(self, state: Bucket, now_ms: int, check: Check) -> Evaluation:
         if check.limit.requests_per_unit <= 0:
             return False, 0, 0, check.limit.window_ms, 0
@@ -90,9 +87,9 @@ class LeakyBucket:
         need = max(hits, 1)
         ok = level + float(need) <= burst
         if ok:
-            reset = self._drain_ms(level + float(hits), check)
+            reset = _ms_at_rate(level + float(hits), check)
         else:
-            reset = self._drain_ms(level + float(need) - burst, check)
+            reset = _ms_at_rate(level + float(need) - burst, check)
         return (
             ok,
             max(0, math.floor(burst - level - float(hits))),
@@ -103,11 +100,11 @@ class LeakyBucket:
 
     def charge(self, state: Bucket, now_ms: int, check: Check) -> tuple[Bucket, int]:
         level = self._level(state, now_ms, check) + float(check.hits)
-        return (level, now_ms), now_ms + self._drain_ms(level, check) + GRACE_MS
+        return (level, now_ms), now_ms + _ms_at_rate(level, check) + GRACE_MS
 
     def release(self, state: Bucket, now_ms: int, check: Check) -> tuple[Bucket, int]:
         level = max(0.0, self._level(state, now_ms, check) - float(check.hits))
-        return (level, now_ms), now_ms + self._drain_ms(level, check) + GRACE_MS
+        return (level, now_ms), now_ms + _ms_at_rate(level, check) + GRACE_MS
 
 
 class Gcra:
