@@ -353,7 +353,6 @@ class Server:
         # has received but not yet handed to a handler when stop() begins (grpc/grpc#41785),
         # and load balancers need a moment to notice the readiness change.
         await asyncio.sleep(settings.shutdown_delay_ms / 1000)
-        await app.service.settle(settings.drain_seconds)  # answers read before connections close
         stops = [server.stop(grace=settings.drain_seconds)]
         if self.extproc is not None:
             stops.append(self.extproc.stop(grace=settings.drain_seconds))

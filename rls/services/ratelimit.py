@@ -6,7 +6,6 @@ invalid UTF-8 in a string field) becomes INVALID_ARGUMENT instead of grpc's gene
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -32,12 +31,6 @@ log = logging.getLogger("rls.service")
 
 SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
 
-# After the last in-flight decision of a drain is answered, the listener stays open this long
-# before grpc-core closes its connections, so callers read their answers first: a socket closed
-# while the caller's frames (WINDOW_UPDATE, PING) sit unread is reset, and a reset drops the
-# answers the caller's kernel holds but the caller has not read yet.
-DRAIN_LINGER_S = 0.2
-
 # (domain, descriptors, request hits_addend, the decoded request when at hand)
 Parsed = tuple[str, list[DescriptorIn], int, rls_pb2.RateLimitRequest | None]
 
@@ -51,14 +44,6 @@ class RateLimitService:
         self._parsed = BoundedCache("request_parse", PARSE_MEMO_ENTRIES, PARSE_MEMO_BYTES)
         self._inflight = 0
         self._margin = settings.deadline_margin_ms / 1000
-
-    async def settle(self, budget_s: float) -> None:
-        """Wait, at most `budget_s`, until no decision is in flight, then `DRAIN_LINGER_S`
-        more (within the budget): the drain calls this before it stops the gRPC server."""
-        deadline = time.monotonic() + budget_s
-        while self._inflight and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(max(0.0, min(DRAIN_LINGER_S, deadline - time.monotonic())))
 
     @property
     def _extras(self) -> bool:
