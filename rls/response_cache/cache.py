@@ -69,6 +69,17 @@ class RequestKey:
     base_key: str = ""
 
 
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """An upstream answer to store: its status, the headers kept, the body, and the request
+    headers it varies on."""
+
+    status: int
+    headers: tuple[tuple[str, bytes], ...]
+    body: bytes
+    vary: frozenset[str]
+
 @dataclass(slots=True)
 class Lookup:
     """`entry` on a hit; on a miss, `fill` when this request should store the response."""
@@ -222,40 +233,25 @@ class ResponseCache:
 
     # ------------------------------------------------------------------ store
 
-    def store_job(
-        self,
-        rk: RequestKey,
-        status: int,
-        headers: tuple[tuple[str, bytes], ...],
-        body: bytes,
-        vary: frozenset[str],
-        fill: Fill | None,
-    ) -> WriteJob:
+    def store_job(self, rk: RequestKey, reply: StoredResponse, fill: Fill | None) -> WriteJob:
         """The store of a cacheable miss, for the writer; the job owns `fill` from now on."""
         self.metrics.cacheable_misses.labels(rk.rule.api).inc()
-        size = len(body) + sum(len(n) + len(v) for n, v in headers)
+        size = len(reply.body) + sum(len(n) + len(v) for n, v in reply.headers)
         return WriteJob(
             STORE,
             rk.rule.api,
-            functools.partial(self.save, rk, status, headers, body, vary, fill),
+            functools.partial(self.save, rk, reply, fill),
             size,
             None if fill is None else fill.release,
         )
 
-    async def save(
-        self,
-        rk: RequestKey,
-        status: int,
-        headers: tuple[tuple[str, bytes], ...],
-        body: bytes,
-        vary: frozenset[str],
-        fill: Fill | None,
-    ) -> bool:
+    async def save(self, rk: RequestKey, reply: StoredResponse, fill: Fill | None) -> bool:
         """Write one response; True when written. Runs in the writer, after the reply."""
         rule = rk.rule
+        vary = reply.vary
         try:
             now_ms = int(self.clock() * 1000)
-            data = Entry(status, headers, body, now_ms).encode()
+            data = Entry(reply.status, reply.headers, reply.body, now_ms).encode()
             if vary:
                 key = entry_key(
                     self.config.key_prefix, rule.api, rk.version,

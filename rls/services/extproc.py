@@ -58,7 +58,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import duration_pb2
 from prometheus_client import CollectorRegistry
 
-from rls.response_cache.cache import Fill, RequestKey, ResponseCache
+from rls.response_cache.cache import Fill, RequestKey, ResponseCache, StoredResponse
 from rls.response_cache.config import CacheConfig, CacheRule, load_cache_config
 from rls.response_cache.entry import (
     Entry,
@@ -332,7 +332,8 @@ class ExtProcService:
     def _save(self, st: _Stream, body: bytes) -> WriteJob:
         """The store job; `process` hands it (and the fill with it) to the writer."""
         assert st.rk is not None
-        return self.cache.store_job(st.rk, st.status, st.stored_headers, body, st.vary, st.fill)
+        reply = StoredResponse(st.status, st.stored_headers, body, st.vary)
+        return self.cache.store_job(st.rk, reply, st.fill)
 
     def _release(self, st: _Stream) -> None:
         if st.fill is not None:

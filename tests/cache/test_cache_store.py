@@ -12,7 +12,7 @@ import redis
 from conftest import RedisServer, free_port, start_redis, wait_until
 from prometheus_client import CollectorRegistry
 
-from rls.response_cache.cache import ResponseCache
+from rls.response_cache.cache import ResponseCache, StoredResponse
 from rls.response_cache.config import parse_cache_config
 from rls.response_cache.keys import Headers
 from rls.response_cache.metrics import CacheMetrics
@@ -49,7 +49,8 @@ async def exercise(store: GuardedStore) -> None:
     headers = Headers([(":path", b"/translate"), ("x-cache-key", b"k")])
     rk = cache.request_key(translate, "POST", headers, b"body")
     assert (await cache.lookup(rk)).fill is not None
-    await cache.save(rk, 200, (("content-type", b"text/plain"),), b"hello", frozenset(), None)
+    reply = StoredResponse(200, (("content-type", b"text/plain"),), b"hello", frozenset())
+    await cache.save(rk, reply, None)
     hit = await cache.lookup(rk)
     assert hit.entry is not None and hit.entry.body == b"hello"
     await cache.refresh(translate, hit.keys)
@@ -57,7 +58,7 @@ async def exercise(store: GuardedStore) -> None:
     vary_headers = Headers([(":path", b"/items?p=1"), ("accept-language", b"en")])
     vk = cache.request_key(items, "GET", vary_headers, b"")
     await cache.lookup(vk)
-    await cache.save(vk, 200, (), b"en", frozenset({"accept-language"}), None)
+    await cache.save(vk, StoredResponse(200, (), b"en", frozenset({"accept-language"})), None)
     vary_hit = await cache.lookup(vk)
     assert vary_hit.entry is not None and vary_hit.entry.body == b"en"
     await cache.refresh(items, vary_hit.keys)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypedDict
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
@@ -41,6 +41,19 @@ from rls.stores.redis.standalone import Standalone, record_usage
 class StoreRejected(BackendError):
     """The store answers but refuses us (wrong password, ACL): not ready, and it says why."""
 
+
+
+class RedisOptions(TypedDict, total=False):
+    """RedisBackend's keyword options, as `rls.stores.create_backend` passes them on (their
+    defaults are RedisBackend's)."""
+
+    timeout_ms: int
+    connect_timeout_ms: int
+    pool_size: int
+    breaker: CircuitBreaker | None
+    auto_pipeline: bool
+    probe_timeout_ms: int
+    tls: TlsClient
 
 class RedisBackend:
     name = "redis"
