@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from e2e import conftest as e2e_fixtures
 from e2e.harness import Backend, Envoy, start_envoy
 from hostile.helpers import metric
 from support.envoy import find_envoy
@@ -29,6 +30,7 @@ from support.net import free_port
 from support.redis_server import RedisServer
 from support.waiting import wait_until
 from tls.envoy_tls import enable_mtls
+from tracing import conftest as tracing_fixtures
 from tracing.otlp_receiver import OtlpReceiver
 from xds_config.ads_server import AdsServer, pb
 
@@ -133,18 +135,8 @@ def envoy_files(pki: EgCertificates, directory: Path) -> Path:
     return directory
 
 
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    server = OtlpReceiver().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def backend() -> Iterator[Backend]:
-    server = Backend().start()
-    yield server
-    server.stop()
+receiver = tracing_fixtures.receiver
+backend = e2e_fixtures.backend
 
 
 @pytest.fixture

@@ -19,22 +19,13 @@ from typing import Any
 import pytest
 
 from .harness import (
-    ADMIN_PORT,
-    BACKEND_PORT,
     GATEWAY_YAML,
-    LISTENER_PORT,
-    RLS_PORT,
-    WARMUP_PATH,
     Backend,
     Envoy,
     Gateway,
-    api_keys,
     find_envoy,
-    free_port,
     load_gateway,
-    rewrite_ports,
-    start_envoy,
-    wait_for,
+    start_gateway,
 )
 
 
@@ -68,28 +59,9 @@ def gateway_factory(
         descriptor_file = tmp_path / f"descriptors-{len(started)}.yaml"
         descriptor_file.write_text(descriptors_yaml)
         rls = rls_factory(descriptor_file, args=rls_args)
-        config = load_gateway(config_file)
-        listener_port, admin_port = free_port(), free_port()
         upstreams = list(backends) if backends is not None else [backend]
-        config = rewrite_ports(config, {
-            LISTENER_PORT: listener_port,
-            ADMIN_PORT: admin_port,
-            RLS_PORT: rls.grpc_port,
-            **{BACKEND_PORT + i: b.port for i, b in enumerate(upstreams)},
-        })
-        envoy = start_envoy(envoy_binary, config, tmp_path, listener_port, admin_port)
-        started.append(envoy)
-        gw = Gateway(envoy, rls, upstreams[0], api_keys(config), backends=upstreams)
-        # Readiness of the whole chain, not just of Envoy: Envoy opens its HTTP/2 connection to
-        # rls lazily, and a first call slower than the filter timeout would fail open (200
-        # without x-ratelimit headers). Poll until a request comes back with rls's verdict.
-        # The warm-up path has its own counters, so the tests' counters start untouched.
-        user = next(iter(gw.api_keys))
-        wait_for(
-            lambda: "x-ratelimit-limit" in gw.call(WARMUP_PATH, user).headers,
-            15.0, "a rate-limited answer through Envoy -> rls", alive=envoy.alive, log=gw.logs,
-        )
-        return gw
+        return start_gateway(envoy_binary, load_gateway(config_file), tmp_path, rls, upstreams,
+                             started)
 
     yield start
     for envoy in started:

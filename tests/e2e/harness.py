@@ -405,3 +405,37 @@ class Gateway:
 
     def logs(self) -> str:
         return f"--- envoy ---\n{self.envoy.log()}\n--- rls ---\n{self.rls.log()}"
+
+
+def start_gateway(
+    binary: str, config: dict[str, Any], workdir: Path, rls: Any, upstreams: list[Backend],
+    started: list[Envoy], extra_ports: dict[int, int] | None = None,
+) -> Gateway:
+    """Envoy on `config` in front of `rls` and `upstreams`, returned once the chain answers.
+
+    The config's listener and admin ports move to free ports, its rls port to `rls`, its backend
+    ports 9001, 9002, ... to `upstreams` (`extra_ports` maps any others). The Envoy is appended
+    to `started` before the readiness wait so the caller's teardown stops it even if that fails.
+
+    Readiness of the whole chain, not just of Envoy: Envoy opens its HTTP/2 connection to rls
+    lazily, and a first call slower than the filter timeout would fail open (200 without
+    x-ratelimit headers). Poll until a request comes back with rls's verdict. The warm-up path
+    has its own counters, so the tests' counters start untouched.
+    """
+    listener_port, admin_port = free_port(), free_port()
+    config = rewrite_ports(config, {
+        LISTENER_PORT: listener_port,
+        ADMIN_PORT: admin_port,
+        RLS_PORT: rls.grpc_port,
+        **{BACKEND_PORT + i: b.port for i, b in enumerate(upstreams)},
+        **(extra_ports or {}),
+    })
+    envoy = start_envoy(binary, config, workdir, listener_port, admin_port)
+    started.append(envoy)
+    gw = Gateway(envoy, rls, upstreams[0], api_keys(config), backends=upstreams)
+    user = next(iter(gw.api_keys))
+    wait_for(
+        lambda: "x-ratelimit-limit" in gw.call(WARMUP_PATH, user).headers,
+        15.0, "a rate-limited answer through Envoy -> rls", alive=envoy.alive, log=gw.logs,
+    )
+    return gw

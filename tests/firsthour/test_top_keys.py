@@ -3,18 +3,14 @@ and `q` quits it, as in `top`."""
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import sys
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-from conftest import ROOT, wait_until
+from conftest import wait_until
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
 from operations.helpers import descriptor, request
-from support.system import require_binary
+from support.terminal import rls_top
 
 # Before: one candidate row of 105 characters (wrapped at 80); now a heading and a row of 77.
 CONFIG = """domain: gateway_public
@@ -29,7 +25,6 @@ DOMAIN = "gateway_public"
 
 def test_rls_top_fits_80_columns_and_q_quits(rls_factory: Callable[..., object],
                                               tmp_path: Path) -> None:
-    tmux = require_binary("tmux", "tmux")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(CONFIG)
     proc = rls_factory(cfg)
@@ -40,15 +35,9 @@ def test_rls_top_fits_80_columns_and_q_quits(rls_factory: Callable[..., object],
                 request(DOMAIN, descriptor(("user", "someone@example.com"))),
                 timeout=10,
             )
-    base = [tmux, "-L", f"rls-top-{uuid.uuid4().hex[:8]}"]
-    command = shlex.join([sys.executable, "-m", "rls", "top", "--interval", "0.3",
-                          "--admin", proc.http_url])  # type: ignore[attr-defined]
-    subprocess.run([*base, "new-session", "-d", "-s", "top", "-x", "80", "-y", "30",
-                    "-c", str(ROOT), command], check=True)
-    try:
+    with rls_top(proc.http_url, 80, 30) as term:  # type: ignore[attr-defined]
         def screen() -> list[str]:
-            return subprocess.run([*base, "capture-pane", "-p", "-t", "top"], check=True,
-                                  capture_output=True, text=True).stdout.splitlines()
+            return term.screen().splitlines()
 
         wait_until(lambda: "WOULD BE LIMITED BY CANDIDATE LIMITS (not enforced)" in screen(),
                    timeout=20, what="rls top's candidate table")
@@ -58,11 +47,5 @@ def test_rls_top_fits_80_columns_and_q_quits(rls_factory: Callable[..., object],
         row = table[2].split()
         assert (row[:2], row[-1]) == ([DOMAIN, "6"], "user=someone@example.com"), lines
         assert "q: quit" in lines
-        subprocess.run([*base, "send-keys", "-t", "top", "q"], check=True)
-        wait_until(
-            lambda: subprocess.run([*base, "has-session", "-t", "top"],
-                                   capture_output=True).returncode != 0,
-            timeout=10, what="rls top to exit on q",
-        )
-    finally:
-        subprocess.run([*base, "kill-server"], capture_output=True)
+        term.press("q")
+        term.wait_closed("rls top to exit on q")

@@ -16,6 +16,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -68,6 +71,49 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLS_")}
     env.update(extra)
     return env
+
+
+@dataclass
+class Supervisor:
+    """`rls serve --workers 2` on `config`, its output in `log_path`."""
+
+    proc: subprocess.Popen[bytes]
+    config: Path
+    grpc_port: int
+    url: str
+    log_path: Path
+
+    def output(self) -> str:
+        """The last lines of the supervisor's and workers' log (for wait_until messages)."""
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def summed(self, name: str) -> float:
+        """`name` of worker 0 plus worker 1 on /metrics."""
+        return metric(self.url, name, worker="0") + metric(self.url, name, worker="1")
+
+
+@contextmanager
+def two_workers(tmp_path: Path, redis_url: str, *args: str) -> Iterator[Supervisor]:
+    """A supervisor of two workers on a good config; SIGTERMed (killed after 30 s) at the end."""
+    config = tmp_path / "a.yaml"
+    config.write_text(good("alpha"))
+    grpc_port, http_port = free_port(), free_port()
+    log_path = tmp_path / "rls.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rls", "serve", "--config", str(config), "--workers", "2",
+             "--redis-url", redis_url, "--grpc-addr", f"127.0.0.1:{grpc_port}",
+             "--http-addr", f"127.0.0.1:{http_port}", *args],
+            stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=str(ROOT),
+        )
+    try:
+        yield Supervisor(proc, config, grpc_port, f"http://127.0.0.1:{http_port}", log_path)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def test_sigkill_of_the_supervisor_takes_the_workers_down(tmp_path: Path, redis_url: str):
@@ -247,58 +293,32 @@ def test_a_crash_looping_worker_turns_health_503_and_shows_in_metrics(tmp_path: 
     /healthcheck 503 naming it, gRPC health NOT_SERVING, and /metrics counts its restarts;
     once the config is good again the slot comes back, serves 10 s, and health is 200 (and
     SERVING) again."""
-    config = tmp_path / "a.yaml"
-    config.write_text(good("alpha"))
-    grpc_port, http_port = free_port(), free_port()
-    url = f"http://127.0.0.1:{http_port}"
-    log = open(tmp_path / "rls.log", "wb")
-
-    def output() -> str:
-        log.flush()
-        return (tmp_path / "rls.log").read_text(errors="replace")[-6000:]
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rls", "serve", "--config", str(config), "--workers", "2",
-         "--redis-url", redis_url, "--grpc-addr", f"127.0.0.1:{grpc_port}",
-         "--http-addr", f"127.0.0.1:{http_port}", "--worker-max-failures", "50"],
-        stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=str(ROOT),
-    )
-    try:
+    with two_workers(tmp_path, redis_url, "--worker-max-failures", "50") as sup:
+        proc, url, output = sup.proc, sup.url, sup.output
         wait_until(lambda: http_get(url + "/healthcheck")[0] == 200, 30, "workers serving")
         wait_until(lambda: len(children(proc.pid)) == 2, 30, "two workers")
         # Both serving before the config goes bad (the first 200 may come from one of them
         # while the other is still starting: it would read the bad config and fail too).
         wait_until(lambda: output().count("rls serving gRPC") >= 2, 30, "both workers serving",
                    output)
-        config.write_text("domain: alpha\ndescriptors: [\n")  # the survivor keeps its config
+        sup.config.write_text("domain: alpha\ndescriptors: [\n")  # the survivor keeps its config
         os.kill(children(proc.pid)[0], signal.SIGKILL)
         wait_until(lambda: _workers_status(url)[0] == 503, 30, "health 503", output)
-        wait_until(lambda: metric(url, "rls_worker_consecutive_failures", worker="0")
-                   + metric(url, "rls_worker_consecutive_failures", worker="1") >= 2, 60,
+        wait_until(lambda: sup.summed("rls_worker_consecutive_failures") >= 2, 60,
                    "a slot failing twice in a row", output)
         status, body = _workers_status(url)
         assert status == 503 and "1 of 2 workers failing" in body, body
-        grpc_addr = f"127.0.0.1:{grpc_port}"
+        grpc_addr = f"127.0.0.1:{sup.grpc_port}"
         wait_until(lambda: _grpc_health(grpc_addr) == NOT_SERVING, 10, "gRPC NOT_SERVING",
                    output)
-        restarts = (metric(url, "rls_worker_restarts_total", worker="0")
-                    + metric(url, "rls_worker_restarts_total", worker="1"))
-        assert restarts >= 1
-        assert metric(url, "rls_worker_up", worker="0") + metric(
-            url, "rls_worker_up", worker="1") >= 1
-        config.write_text(good("alpha"))
+        assert sup.summed("rls_worker_restarts_total") >= 1
+        assert sup.summed("rls_worker_up") >= 1
+        sup.config.write_text(good("alpha"))
         wait_until(lambda: _workers_status(url)[0] == 200, 90,
                    "health back to 200 once the slot stayed up", output)
         wait_until(lambda: _grpc_health(grpc_addr) == SERVING, 10, "gRPC SERVING", output)
         assert len(children(proc.pid)) == 2
         assert proc.poll() is None
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def _slot(index: int, pid: int | None, serving: bool, failures: int) -> dict[str, object]:
@@ -333,28 +353,12 @@ def test_one_killed_worker_whose_replacement_serves_leaves_health_200(
     """Issue 33: with --workers 2, a worker SIGKILLed once is replaced within a second; health
     is 200 again as soon as the replacement serves, while the slot still counts its failure
     (before: 503 until the slot had served 10 s and its failure was cleared)."""
-    config = tmp_path / "a.yaml"
-    config.write_text(good("alpha"))
-    http_port = free_port()
-    url = f"http://127.0.0.1:{http_port}"
-    log = open(tmp_path / "rls.log", "wb")
+    with two_workers(tmp_path, redis_url) as sup:
+        proc, url, output = sup.proc, sup.url, sup.output
 
-    def output() -> str:
-        log.flush()
-        return (tmp_path / "rls.log").read_text(errors="replace")[-6000:]
+        def failures() -> float:
+            return sup.summed("rls_worker_consecutive_failures")
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rls", "serve", "--config", str(config), "--workers", "2",
-         "--redis-url", redis_url, "--grpc-addr", f"127.0.0.1:{free_port()}",
-         "--http-addr", f"127.0.0.1:{http_port}"],
-        stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=str(ROOT),
-    )
-
-    def failures() -> float:
-        return (metric(url, "rls_worker_consecutive_failures", worker="0")
-                + metric(url, "rls_worker_consecutive_failures", worker="1"))
-
-    try:
         wait_until(lambda: http_get(url + "/healthcheck")[0] == 200, 30, "workers serving",
                    output)
         victim = children(proc.pid)[0]
@@ -365,10 +369,3 @@ def test_one_killed_worker_whose_replacement_serves_leaves_health_200(
                    "health 200 with the replacement serving", output)
         assert victim not in children(proc.pid) and len(children(proc.pid)) == 2
         assert proc.poll() is None
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()

@@ -31,6 +31,16 @@ def setup(rpu: int = 10, multiplier: int = 5) -> tuple[Clock, MemoryBackend, Lim
     return clock, MemoryBackend(clock=clock, sweep_interval=0), limit
 
 
+def two_streams(clock: Clock, store: MemoryBackend,
+                limit: Limit) -> tuple[Dealer, Ledger, Ledger]:
+    """A dealer and two streams of one process, both joined, on `limit`'s counter "k"."""
+    dealer = Dealer(store, 100, clock)
+    a, b = Ledger(limit, "k"), Ledger(limit, "k")
+    dealer.join(a)
+    dealer.join(b)
+    return dealer, a, b
+
+
 def used(store: MemoryBackend, limit: Limit, key: str = "k") -> int:
     verdict = store.decide_now([Check(0, limit, key, 0)], charge=False)
     return verdict.outcomes[0].used
@@ -213,10 +223,7 @@ def test_streams_of_one_process_on_one_counter_get_equal_shares_whoever_asks_fir
     # 60 per 10 s, shared by two streams with the same demand: without equal shares the first
     # to be dealt after the reset took the pace of the whole window (45 of 60).
     clock, store, limit = setup(rpu=60, multiplier=10)
-    dealer = Dealer(store, 100, clock)
-    a, b = Ledger(limit, "k"), Ledger(limit, "k")
-    dealer.join(a)
-    dealer.join(b)
+    dealer, a, b = two_streams(clock, store, limit)
     # b's demand is not known yet: the next 7.5 s may take 45 (the pace), a gets its half.
     assert run(dealer.report([a], 0, 100, 0)).tokens == 23
     # Every stream's demand is known now and exceeds the whole window: the rest is dealt at
@@ -231,10 +238,7 @@ def test_streams_of_one_process_on_one_counter_get_equal_shares_whoever_asks_fir
 
 def test_a_known_demand_above_the_window_is_paced_while_someone_else_uses_the_counter() -> None:
     clock, store, limit = setup(rpu=60, multiplier=60)
-    dealer = Dealer(store, 100, clock)
-    a, b = Ledger(limit, "k"), Ledger(limit, "k")
-    dealer.join(a)
-    dealer.join(b)
+    dealer, a, b = two_streams(clock, store, limit)
     assert run(dealer.report([a], 0, 100, 0)).tokens == 4  # b's demand unknown: half the pace
     store.decide_now([Check(0, limit, "k", 1)])  # a ShouldRateLimit caller: demand unknown
     # Without that caller b would get 30 (all 60 dealt to equal totals); with it, half the

@@ -18,6 +18,8 @@ from support.net import http_call
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 EXTPROC = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 SAN = "spiffe://rls.test/ns/edge/sa/envoy"
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
+EXAMPLE = ROOT / "config" / "example.yaml"  # the shipped descriptor config the tests serve
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,8 @@ import yaml
 from support.certs import CertAuthority
 
 from .envoy_tls import enable_mtls
-from .helpers import SAN, metric
+from .helpers import ROOT, SAN, metric
 
-ROOT = Path(__file__).resolve().parents[2]
 PER_PATH = 3
 DESCRIPTORS = f"""\
 domain: gateway

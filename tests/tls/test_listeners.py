@@ -16,6 +16,8 @@ from support.certs import Issued
 from rls.tls_refusals import handshake_reason
 
 from .helpers import (
+    EXAMPLE,
+    ROOT,
     Pki,
     channel,
     connects,
@@ -25,8 +27,6 @@ from .helpers import (
     should_rate_limit,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "config" / "example.yaml"
 CACHE = ROOT / "config" / "cache.yaml"
 TOKEN = "s3cret-token"
 REFUSED = "rls_grpc_tls_refused_total"

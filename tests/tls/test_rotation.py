@@ -13,6 +13,7 @@ from support.certs import CertAuthority, Issued, SecretMount
 from support.waiting import wait_until
 
 from .helpers import (
+    EXAMPLE,
     Pki,
     channel,
     connects,
@@ -22,8 +23,6 @@ from .helpers import (
     should_rate_limit,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "config" / "example.yaml"
 RELOADS = "rls_grpc_tls_reloads_total"
 EXPIRY = "rls_grpc_tls_certificate_expiry_timestamp_seconds"
 
@@ -38,6 +37,13 @@ def _start(rls_factory: Callable[..., Any], mount: SecretMount) -> Any:
         "--grpc-tls", "on", "--grpc-tls-cert", str(mount.path("tls.crt")),
         "--grpc-tls-key", str(mount.path("tls.key")),
         "--grpc-tls-client-ca", str(mount.path("ca.crt"))))
+
+
+def _serving(rls_factory: Callable[..., Any], pki: Pki, tmp_path: Path) -> tuple[SecretMount, Any]:
+    """rls serving gRPC TLS from a secret mount that holds the server pair and the CA."""
+    mount = SecretMount(tmp_path / "certs")
+    _secret(mount, pki.server, pki.ca)
+    return mount, _start(rls_factory, mount)
 
 
 class Load:
@@ -70,9 +76,7 @@ class Load:
 def test_a_secret_swap_under_load_reaches_new_connections_and_keeps_established_ones(
     rls_factory: Callable[..., Any], pki: Pki, tmp_path: Path
 ) -> None:
-    mount = SecretMount(tmp_path / "certs")
-    _secret(mount, pki.server, pki.ca)
-    rls = _start(rls_factory, mount)
+    mount, rls = _serving(rls_factory, pki, tmp_path)
     renewed = pki.ca.issue("server-renewed")
     assert presented_certificate(rls.grpc_port, pki.ca.cert, pki.client) == der_of(pki.server.cert)
     with channel(rls.grpc_addr, pki.ca.cert, pki.client) as established, Load(established) as load:
@@ -95,9 +99,7 @@ def test_a_secret_swap_under_load_reaches_new_connections_and_keeps_established_
 def test_a_broken_new_pair_is_refused_in_one_log_line_and_the_old_pair_stays(
     rls_factory: Callable[..., Any], pki: Pki, tmp_path: Path
 ) -> None:
-    mount = SecretMount(tmp_path / "certs")
-    _secret(mount, pki.server, pki.ca)
-    rls = _start(rls_factory, mount)
+    mount, rls = _serving(rls_factory, pki, tmp_path)
     expiry = metric(rls.http_url, EXPIRY, certificate="server")
     renewed = pki.ca.issue("server-renewed-2")
     # The renewed certificate with the old key: they do not match.
@@ -122,9 +124,7 @@ def test_a_broken_new_pair_is_refused_in_one_log_line_and_the_old_pair_stays(
 def test_a_new_client_ca_decides_who_new_connections_admit(
     rls_factory: Callable[..., Any], pki: Pki, tmp_path: Path
 ) -> None:
-    mount = SecretMount(tmp_path / "certs")
-    _secret(mount, pki.server, pki.ca)
-    rls = _start(rls_factory, mount)
+    mount, rls = _serving(rls_factory, pki, tmp_path)
     other_ca = pki.stranger.cert.parent / "ca.crt"  # the CA that issued `stranger`
     with channel(rls.grpc_addr, pki.ca.cert, pki.stranger) as ch:
         assert not connects(ch, timeout=1.0)

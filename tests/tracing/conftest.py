@@ -11,20 +11,11 @@ import pytest
 from conftest import RlsProcess
 from e2e import conftest as e2e_fixtures
 from e2e.harness import (
-    ADMIN_PORT,
-    BACKEND_PORT,
-    LISTENER_PORT,
-    RLS_PORT,
-    WARMUP_PATH,
     Backend,
     Envoy,
     Gateway,
-    api_keys,
-    free_port,
     load_gateway,
-    rewrite_ports,
-    start_envoy,
-    wait_for,
+    start_gateway,
 )
 
 from .otlp_receiver import OtlpReceiver
@@ -120,21 +111,9 @@ def traced_gateway(
         descriptor_file = tmp_path / "descriptors.yaml"
         descriptor_file.write_text(DESCRIPTORS)
         rls = rls_factory(descriptor_file, env=env)
-        listener_port, admin_port = free_port(), free_port()
         config = with_tracing(load_gateway(), receiver.grpc_port, envoy_percent)
-        config = rewrite_ports(config, {
-            LISTENER_PORT: listener_port, ADMIN_PORT: admin_port, RLS_PORT: rls.grpc_port,
-            BACKEND_PORT: backend.port, receiver.grpc_port: receiver.grpc_port,
-        })
-        envoy = start_envoy(envoy_binary, config, tmp_path, listener_port, admin_port)
-        started.append(envoy)
-        gw = Gateway(envoy, rls, backend, api_keys(config), backends=[backend])
-        user = next(iter(gw.api_keys))
-        wait_for(
-            lambda: "x-ratelimit-limit" in gw.call(WARMUP_PATH, user).headers,
-            15.0, "a rate-limited answer through Envoy -> rls", alive=envoy.alive, log=gw.logs,
-        )
-        return gw
+        return start_gateway(envoy_binary, config, tmp_path, rls, [backend], started,
+                             {receiver.grpc_port: receiver.grpc_port})
 
     yield start
     for envoy in started:
