@@ -65,7 +65,8 @@ def counter_errors(rls: RlsProc) -> float:
                if name == "rls_counters_items_total" and dict(labels).get("code") != "ok")
 
 
-def measure(rls: RlsProc, seconds: float, callers: int, d: Path) -> dict[str, Any]:
+def measure(rls: RlsProc, seconds: float, callers: int, d: Path,
+            rate: float | None = None) -> dict[str, Any]:
     rnd = random.Random(1)
     batch = body_file(d, "batch", pb.BatchRequest(
         items=[item(rnd.randrange(KEYS)) for _ in range(30)]).SerializeToString())
@@ -93,14 +94,16 @@ def measure(rls: RlsProc, seconds: float, callers: int, d: Path) -> dict[str, An
     results["add_peak"] = {"calls_per_s": peak, **lat}
     print(f"Add, {clients * streams} concurrent: peak {peak:,.0f} calls/s, "
           f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms", flush=True)
+    offered = rate or peak / 2
     for name in ("Add", "Get"):
-        res = paced(rls.grpc_addr, SERVICE + name, singles, peak / 2, seconds,
+        res = paced(rls.grpc_addr, SERVICE + name, singles, offered, seconds,
                     label=f"{name} at half")
         lat = latency_stats(res.latencies_us)
-        saturated = res.achieved_rps < 0.95 * peak / 2 or res.errors > 0
-        results[f"{name.lower()}_half"] = {"offered": peak / 2, "achieved": res.achieved_rps,
+        saturated = res.achieved_rps < 0.95 * offered or res.errors > 0
+        results[f"{name.lower()}_half"] = {"offered": offered, "achieved": res.achieved_rps,
                                            "errors": res.errors, "saturated": saturated, **lat}
-        print(f"{name} at half of peak ({peak / 2:,.0f}/s offered, {res.achieved_rps:,.0f}/s "
+        print(f"{name} at {'half of peak' if rate is None else 'a fixed rate'} "
+              f"({offered:,.0f}/s offered, {res.achieved_rps:,.0f}/s "
               f"achieved{', SATURATED' if saturated else ''}, errors {res.errors}): "
               f"p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, "
               f"mean {lat['mean_ms']:.2f} ms", flush=True)
@@ -126,13 +129,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     parser.add_argument("--callers", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=None,
+                        help="calls/s offered in the paced Add and Get phases (default: half "
+                        "the Add peak; a fixed rate lets two revisions be compared at the same "
+                        "offered load)")
     args = parser.parse_args()
     log_dir = workdir("counters")
     redis = start_redis(log_dir)
     config = write_config(log_dir / "config")
     rls = start_rls(config, log_dir, redis.url)
     try:
-        results = measure(rls, args.seconds, args.callers, log_dir)
+        results = measure(rls, args.seconds, args.callers, log_dir, args.rate)
         checks = verdicts(results)
         print("\nperformance targets")
         for what, value, ok in checks:
