@@ -85,6 +85,9 @@ class Dealer:
         self.timeout = max(timeout_ms, 1) / 1000
         self.clock = clock
         self._calendar = CalendarCache()
+        # A LoopLag that never ticks: a quota store call's deadline is wall-clock time. One for
+        # the dealer, not one per call (thousands of store calls wait at once under a report).
+        self._wall = LoopLag()
         # This process's ledgers by counter key: a lone one in `_solo`, two or more in
         # `_peers` (a dict per counter only where it is shared: fewer objects for the
         # garbage collector to walk when a stream holds thousands of buckets).
@@ -170,8 +173,7 @@ class Dealer:
 
     async def _call(self, checks: list[Check]) -> tuple[bool, list[Outcome]]:
         """One atomic step on the store (raises BackendError / TimeoutError)."""
-        # The store's one guarded call; a LoopLag that does not tick: wall-clock time.
-        deadline = Deadline(LoopLag(), self.timeout, self.timeout)
+        deadline = Deadline(self._wall, self.timeout, self.timeout)  # the one guarded call
         try:
             verdict = await decide_within(self.backend, checks, deadline)
         except TimeoutError:
