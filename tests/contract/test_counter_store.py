@@ -82,7 +82,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[object]:
         return
     url = (request.getfixturevalue("redis_url") if kind == "redis"
            else request.getfixturevalue("cluster").url)
-    backend = RedisBackend(url, timeout_ms=5000)
+    backend = RedisBackend(url, timeout_ms=5000, connect_timeout_ms=5000)
     await backend.start()
     yield backend
     await backend.close()

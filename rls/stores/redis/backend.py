@@ -130,8 +130,7 @@ class RedisBackend:
             await self.client.ping()
             await self.load_scripts(spec.name for spec in REGISTRY)
             await self.scripts.lean(keys=[], args=["e"])  # EVALSHA allowed (ACL)?
-            warm = min(self.pool_size, 8)
-            await asyncio.gather(*(self.client.ping() for _ in range(warm)))
+            await self._warm_pool()
             await self.topology.open()
             await self.clock.sync_in(self._probe_thread, self._probe_client.time)
         except (RedisError, OSError) as exc:
@@ -145,6 +144,15 @@ class RedisBackend:
                 name="rls-store-clock",
             )
         self.breaker.close()
+
+    async def _warm_pool(self) -> None:
+        """Open a few pooled connections for the first burst.
+
+        Best effort: the ping before this already proved the store answers, so a connection
+        that is slow to open here (a busy host) is not a reason to call the store unreachable.
+        """
+        warm = min(self.pool_size, 8)
+        await asyncio.gather(*(self.client.ping() for _ in range(warm)), return_exceptions=True)
 
     async def close(self) -> None:
         await cancel_and_wait(self._clock_task)
