@@ -1,5 +1,7 @@
 """Redis Cluster (3 masters, each with a replica): a master SIGKILLed under load.
 
+Two rls share the cluster, as replicas of a Deployment do; four callers, two on each.
+
 Callers send a gRPC deadline, as Envoy does. While the dead master's replica is not yet
 promoted, every call still gets an answer within its deadline: a decision (counters on the
 healthy masters), or the failure mode (counters on the dead one, judged by that node's own
@@ -87,14 +89,15 @@ def owner_port(cluster: ClusterTopology, survivor: int, key: str) -> int | None:
 def test_a_master_killed_under_load_costs_failure_mode_answers_only_until_promotion(
     cluster_with_replicas: ClusterTopology, rls_factory, tmp_path: Path
 ) -> None:
-    rls = start_rls(rls_factory, write_config(tmp_path, CONFIG), cluster_with_replicas.url)
+    config = write_config(tmp_path, CONFIG)
+    replicas = [start_rls(rls_factory, config, cluster_with_replicas.url) for _ in range(2)]
     values = [f"v{i}" for i in range(60)]
     key = {v: key_of(CONFIG, DOMAIN, [("load", v)]) for v in values}
     victim = cluster_with_replicas.slot_owner(key[values[0]])
     survivor = next(m.port for m in cluster_with_replicas.masters if m.port != victim.port)
     on_victim = {v for v in values if cluster_with_replicas.slot_owner(key[v]).port == victim.port}
     assert on_victim and len(on_victim) < len(values)
-    loads = [Load(rls.grpc_addr, values[i::4]) for i in range(4)]
+    loads = [Load(replicas[i % 2].grpc_addr, values[i::4]) for i in range(4)]
     for load in loads:
         load.start()
     try:
