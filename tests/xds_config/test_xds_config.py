@@ -6,6 +6,7 @@ real `rls serve` processes against the in-test ADS server."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -165,6 +166,21 @@ def test_without_force_start_nothing_listens_until_the_first_config(
     ads.set_snapshot("1", [basic()])
     wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200, 15, "healthy")
     assert decide(rls.grpc_addr, "basic", ("one_per_minute", "x")) == OK
+
+
+def test_sigterm_before_the_first_config_stops_cleanly_and_closes_the_stream(
+    ads: AdsServer, xds_rls: Callable[..., Any]
+) -> None:
+    """A pod deleted while its controller has not pushed yet: rls is waiting for the first set
+    (no force start, a server that never answers); SIGTERM ends it with 0 and a line saying
+    so, the stream closed, rather than Python's default death by the signal."""
+    rls = xds_rls(wait_healthy=False)
+    wait_until(lambda: ads.open_streams() == 1, 15, "the xDS stream")
+    rls.proc.send_signal(signal.SIGTERM)
+    assert rls.proc.wait(15) == 0, rls.log()
+    assert "stopped before the first xDS config arrived" in rls.log()
+    assert "Traceback" not in rls.log()
+    wait_until(lambda: ads.open_streams() == 0, 10, "the stream closed")
 
 
 def test_force_start_serves_every_call_ok_while_the_server_is_down_then_picks_config_up(

@@ -382,11 +382,13 @@ def _iso(when: float | None) -> str | None:
 
 
 async def start_source(
-    settings: Settings, holder: ConfigHolder, registry: CollectorRegistry
+    settings: Settings, holder: ConfigHolder, registry: CollectorRegistry,
+    stop: asyncio.Event | None = None,
 ) -> XdsConfigSource:
     """Open the stream. FORCE_START_WITHOUT_INITIAL_CONFIG: return at once with an empty
     config in force (no domain: every call OK, as the reference); otherwise return only once
-    the first set is accepted (the reference opens no listener before)."""
+    the first set is accepted (the reference opens no listener before) or `stop` is set — a
+    SIGTERM while the controller has not pushed yet (the caller sees `first` unset)."""
     source = XdsConfigSource(settings, holder, registry)
     source.start()
     if settings.force_start_without_initial_config:
@@ -396,5 +398,17 @@ async def start_source(
     else:
         log.info("xDS: waiting for the first config from %s before serving",
                  settings.xds_server_url)
-        await source.first.wait()
+        await _first_or_stop(source.first, stop)
     return source
+
+
+async def _first_or_stop(first: asyncio.Event, stop: asyncio.Event | None) -> None:
+    """Wait for `first`, or for `stop` when given, whichever comes first."""
+    waits = {asyncio.ensure_future(first.wait())}
+    if stop is not None:
+        waits.add(asyncio.ensure_future(stop.wait()))
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
