@@ -92,11 +92,13 @@ def test_node_metadata_and_additional_headers_reach_the_management_server(
 ) -> None:
     ads.set_snapshot("1", [basic()])
     xds_rls(CONFIG_GRPC_XDS_NODE_METADATA="zone:eu-west-1,team=edge",
-            CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS="x-api-key:s3cret,X-Tenant:t1")
+            CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS="x-api-key:s3cret,X-Tenant:t1,"
+            "grpc-timeout:1S,x-sig-bin:raw")
     request = ads.wait_ack("1")
     fields = request.node.metadata.fields
     assert {k: v.string_value for k, v in fields.items()} == {"zone": "eu-west-1", "team": "edge"}
     assert ads.metadata[0]["x-api-key"] == "s3cret" and ads.metadata[0]["x-tenant"] == "t1"
+    assert ads.metadata[0]["x-sig-bin"] == "b'raw'" and "grpc-timeout" not in ads.metadata[0]
 
 
 def test_invalid_set_is_nacked_and_the_last_good_config_stays(

@@ -44,7 +44,7 @@ from rls.config.xds.convert import (
     YieldingBudget,
     build_config,
 )
-from rls.config.xds.options import Backoff, parse_pairs
+from rls.config.xds.options import Backoff, parse_pairs, stream_headers
 from rls.event_loop import cancel_and_wait
 from rls.settings import Settings
 
@@ -118,9 +118,10 @@ class XdsConfigSource:
         self.settings = settings
         self.holder = holder
         self.metrics = XdsMetrics(registry)
-        self.headers = tuple(
-            (k.lower(), v) for k, v in parse_pairs(settings.xds_additional_headers).items()
-        )
+        self.headers, dropped = stream_headers(settings.xds_additional_headers)
+        if dropped:
+            log.warning("xDS: CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: %s not sent (gRPC "
+                        "sets these itself)", ", ".join(dropped))
         self.first = asyncio.Event()  # set when a config is first accepted
         self.version = ""  # of the set in force ("" before the first)
         self.accepted_at: float | None = None
