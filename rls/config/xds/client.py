@@ -6,7 +6,9 @@ loader's budgets, rls.config.reload.in_daemon_thread) and swapped in through the
 like a file reload (over-limit cache cleared, health, reload metrics); counters are untouched.
 Then the response is ACKed (its version and nonce) or, when the set does not build, NACKed
 (the last accepted version, its nonce, and the loader's one-line error) and the config in
-force stays. A set identical to the one in force is ACKed without rebuilding it.
+force stays. A set identical to the one in force is ACKed without rebuilding it; one identical to the last
+refused set is NACKed again without rebuilding or logging it (a controller resending a bad set
+costs one build, not one per response).
 
 Responses are handled one at a time: a server that pushes faster than sets build is slowed by
 gRPC's flow control, never buffered here. A response over the size cap ends the stream (gRPC
@@ -129,6 +131,8 @@ class XdsConfigSource:
         self.last_stream_error: str | None = None
         self.connected = False
         self._digest: bytes | None = None
+        # The last set refused by its build and why: resent, it is NACKed at once, unlogged.
+        self._refused: tuple[bytes, ConfigError] | None = None
         self._logged: tuple[object, float] = (None, 0.0)  # last retry warning, when
         self._task: asyncio.Task[None] | None = None
 
@@ -299,10 +303,14 @@ class XdsConfigSource:
             )
             digest = None
         if isinstance(built, ConfigError):
-            return self._nack(response, built)
+            repeat = self._refused is not None and self._refused[0] == digest
+            # Not a refusal for time: on a less busy moment the same set may build.
+            if digest is not None and time.monotonic() < budget.started + budget.load_seconds:
+                self._refused = (digest, built)
+            return self._nack(response, built, log_it=not repeat)
         if digest != self._digest and built is not None:
             self.holder.apply(built, LABEL)
-        self._digest = digest
+        self._digest, self._refused = digest, None
         self.version = response.version_info
         self.accepted_at = time.time()
         self.metrics.set_version(version)
@@ -318,6 +326,8 @@ class XdsConfigSource:
         digest = _digest(resources)
         if digest == self._digest:
             return digest, None
+        if self._refused is not None and self._refused[0] == digest:
+            return digest, self._refused[1]
         try:
             config = _without_collector(
                 lambda: build_config(resources, self.settings.merge_domains, budget)
@@ -332,9 +342,13 @@ class XdsConfigSource:
             return digest, config.warnings[0].as_error()
         return digest, config
 
-    def _nack(self, response: Any, error: ConfigError) -> discovery_pb2.DiscoveryRequest:
+    def _nack(
+        self, response: Any, error: ConfigError, log_it: bool = True
+    ) -> discovery_pb2.DiscoveryRequest:
+        """NACK `response`; `log_it` False for a resent refused set (said once already)."""
         reason = error.reason if isinstance(error, XdsResponseError) else "invalid"
-        self.holder.apply(error, LABEL)  # logs it; rls_config_loads{result="error"}
+        if log_it:
+            self.holder.apply(error, LABEL)  # logs it; rls_config_loads{result="error"}
         detail = one_line(error.detail())
         self.metrics.nacks.labels(reason).inc()
         self.last_nack = {
