@@ -6,9 +6,9 @@ loader's budgets, rls.config.reload.in_daemon_thread) and swapped in through the
 like a file reload (over-limit cache cleared, health, reload metrics); counters are untouched.
 Then the response is ACKed (its version and nonce) or, when the set does not build, NACKed
 (the last accepted version, its nonce, and the loader's one-line error) and the config in
-force stays. A set identical to the one in force is ACKed without rebuilding it; one identical to the last
-refused set is NACKed again without rebuilding or logging it (a controller resending a bad set
-costs one build, not one per response).
+force stays. A set identical to the one in force is ACKed without rebuilding it; one
+identical to the last refused set is NACKed again without rebuilding or logging it (a
+controller resending a bad set costs one build, not one per response).
 
 Responses are handled one at a time: a server that pushes faster than sets build is slowed by
 gRPC's flow control, never buffered here. A response over the size cap ends the stream (gRPC
