@@ -212,7 +212,8 @@ def _metrics(env: Mapping[str, str], out: Plan) -> None:
     if _bool(env, "USE_PROMETHEUS", False):
         addr = env.get("PROMETHEUS_ADDR") or ":9090"
         _flag(env, out, "prometheus_addr", addr)
-        where += f" and http://{addr}{env.get('PROMETHEUS_PATH') or '/metrics'}"
+        shown = f"0.0.0.0{addr}" if addr.startswith(":") else addr  # Go's ":9090": every address
+        where += f" and http://{shown}{env.get('PROMETHEUS_PATH') or '/metrics'}"
     if _bool(env, "USE_STATSD", False):
         out.notes.append((logging.WARNING, f"USE_STATSD=true: rls sends no statsd; its "
                           f"metrics are Prometheus text at {where} (names: {DOCS})"))

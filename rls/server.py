@@ -99,8 +99,12 @@ class Server:
         tune_thresholds()
         self.pauses.install()
         self._chain_config_hooks()
+        self._watch_signals()
         if self.settings.config_type == "GRPC_XDS_SOTW":
-            self.xds = await start_source(self.settings, self.app.holder, self.app.metrics.registry)
+            self.xds = await start_source(self.settings, self.app.holder,
+                                          self.app.metrics.registry, self.stop_requested)
+            if self.stop_requested.is_set() and not self.xds.first.is_set():
+                return await self._stop_before_first_config(self.xds)
         elif not self._load_config():
             return 1
         await self._start_store()
@@ -296,8 +300,22 @@ class Server:
             self.tasks.append(loop.create_task(self._follow_workers()))
         if self.tls is not None:
             self.tasks.append(loop.create_task(self.tls.watch()))
+
+    def _watch_signals(self) -> None:
+        """SIGTERM/SIGINT ask for the drain from the start: one that comes while start-up
+        still waits (the first xDS config, the store's first attempt) must not kill the
+        process by the signal's default action, leaving streams and logs unclosed."""
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
+
+    async def _stop_before_first_config(self, source: XdsConfigSource) -> int:
+        """SIGTERM before the first xDS config: nothing listens yet, so there is nothing to
+        drain; close the stream and exit 0, as after a drain."""
+        await _bounded("the xDS client", source.stop())
+        self.pauses.uninstall()
+        log.info("stopped before the first xDS config arrived")
+        return 0
 
     def _serving(self, config: RateLimitConfig | None) -> bool:
         """gRPC health's answer, as /healthcheck's: a domain loaded (over xDS: a config in

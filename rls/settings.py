@@ -19,7 +19,7 @@ from rls.setting_rules import GRPC_ADDRS, MINIMUM, URL_SCHEMES
 from rls.setting_rules import LOG_LEVEL_ALIASES as LOG_LEVEL_ALIASES
 from rls.stores.memory import DEFAULT_MAX_BYTES
 from rls.stores.redis.urls import bare_url_problem, normalize_redis_url, redact, url_problem
-from rls.value_forms import parse_pairs
+from rls.value_forms import parse_pairs, stream_headers
 
 # envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
 REFERENCE_ENV = {
@@ -262,9 +262,10 @@ class Settings:
     def _validate_xds(self) -> None:
         """CONFIG_TYPE=GRPC_XDS_SOTW: a server, well-formed lists, a whole client key pair,
         and no --config beside it (rls/config/xds: no domain comes from two sources)."""
-        for name in ("xds_node_metadata", "xds_additional_headers"):
+        for name, check in (("xds_node_metadata", lambda t: parse_pairs(t, "=:")),
+                            ("xds_additional_headers", stream_headers)):
             try:
-                parse_pairs(getattr(self, name), "=:" if name == "xds_node_metadata" else ":")
+                check(getattr(self, name))
             except ValueError as exc:
                 raise SettingError(name, str(exc)) from None
         if self.config_type != "GRPC_XDS_SOTW":

@@ -43,3 +43,33 @@ def parse_pairs(text: str, separators: str = ":") -> dict[str, str]:
             raise ValueError(f"entry {entry!r} is not {shown}")
         pairs[entry[:cut].strip()] = entry[cut + 1 :].strip()
     return pairs
+
+
+# Names grpc-go (the reference's client) never sends from user metadata (isReservedHeader):
+# the transport sets them. `grpc-timeout` among them would otherwise end every stream.
+RESERVED_HEADERS = frozenset({"content-type", "user-agent", "te"})
+_METADATA_KEY = re.compile(r"[0-9a-z_.-]+")
+
+
+def stream_headers(text: str) -> tuple[tuple[tuple[str, str | bytes], ...], list[str]]:
+    """CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS (`k1:v1,k2:v2`) as gRPC metadata, and the
+    reserved keys left out (`grpc-*`, content-type, user-agent, te), as grpc-go leaves them.
+    Keys are lower-cased (gRPC's rule); a `-bin` key's value is sent as bytes (gRPC
+    base64-encodes it). A key or value gRPC would refuse at every connect — the stream never
+    opening, grpc-core logging it each retry — is a ValueError naming it, for start-up."""
+    headers: list[tuple[str, str | bytes]] = []
+    dropped: list[str] = []
+    for raw_key, value in parse_pairs(text).items():
+        key = raw_key.lower()
+        if not _METADATA_KEY.fullmatch(key):
+            raise ValueError(f"header name {raw_key!r} is not a gRPC metadata key "
+                             "(letters, digits, '-', '_', '.')")
+        if key.startswith("grpc-") or key in RESERVED_HEADERS:
+            dropped.append(key)
+        elif key.endswith("-bin"):
+            headers.append((key, value.encode()))
+        elif not all(" " <= c <= "~" for c in value):
+            raise ValueError(f"the value of {raw_key!r} is not printable ASCII")
+        else:
+            headers.append((key, value))
+    return tuple(headers), dropped

@@ -92,7 +92,7 @@ def test_use_statsd_true_says_once_where_the_metrics_are() -> None:
     lines = [text for level, text in plan(env).notes if level == logging.WARNING]
     assert [line for line in lines if line.startswith(STATSD_LINE)] == [
         "USE_STATSD=true: rls sends no statsd; its metrics are Prometheus text at "
-        "http://0.0.0.0:7/metrics and http://:19001/m (names: docs/envoy-gateway.md)"]
+        "http://0.0.0.0:7/metrics and http://0.0.0.0:19001/m (names: docs/envoy-gateway.md)"]
     assert not [t for _, t in plan({"RLS_CONFIG": "/x", "USE_STATSD": "false"}).notes
                 if t.startswith(STATSD_LINE)]
 

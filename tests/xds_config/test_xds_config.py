@@ -6,6 +6,7 @@ real `rls serve` processes against the in-test ADS server."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -91,11 +92,13 @@ def test_node_metadata_and_additional_headers_reach_the_management_server(
 ) -> None:
     ads.set_snapshot("1", [basic()])
     xds_rls(CONFIG_GRPC_XDS_NODE_METADATA="zone:eu-west-1,team=edge",
-            CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS="x-api-key:s3cret,X-Tenant:t1")
+            CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS="x-api-key:s3cret,X-Tenant:t1,"
+            "grpc-timeout:1S,x-sig-bin:raw")
     request = ads.wait_ack("1")
     fields = request.node.metadata.fields
     assert {k: v.string_value for k, v in fields.items()} == {"zone": "eu-west-1", "team": "edge"}
     assert ads.metadata[0]["x-api-key"] == "s3cret" and ads.metadata[0]["x-tenant"] == "t1"
+    assert ads.metadata[0]["x-sig-bin"] == "b'raw'" and "grpc-timeout" not in ads.metadata[0]
 
 
 def test_invalid_set_is_nacked_and_the_last_good_config_stays(
@@ -165,6 +168,21 @@ def test_without_force_start_nothing_listens_until_the_first_config(
     ads.set_snapshot("1", [basic()])
     wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200, 15, "healthy")
     assert decide(rls.grpc_addr, "basic", ("one_per_minute", "x")) == OK
+
+
+def test_sigterm_before_the_first_config_stops_cleanly_and_closes_the_stream(
+    ads: AdsServer, xds_rls: Callable[..., Any]
+) -> None:
+    """A pod deleted while its controller has not pushed yet: rls is waiting for the first set
+    (no force start, a server that never answers); SIGTERM ends it with 0 and a line saying
+    so, the stream closed, rather than Python's default death by the signal."""
+    rls = xds_rls(wait_healthy=False)
+    wait_until(lambda: ads.open_streams() == 1, 15, "the xDS stream")
+    rls.proc.send_signal(signal.SIGTERM)
+    assert rls.proc.wait(15) == 0, rls.log()
+    assert "stopped before the first xDS config arrived" in rls.log()
+    assert "Traceback" not in rls.log()
+    wait_until(lambda: ads.open_streams() == 0, 10, "the stream closed")
 
 
 def test_force_start_serves_every_call_ok_while_the_server_is_down_then_picks_config_up(

@@ -17,7 +17,7 @@ from rls.config.xds.convert import TYPE_URL
 
 from .ads_server import AdsServer, domain, limit, pb
 from .calls import OK, OVER_LIMIT, decide
-from .test_xds_config import basic
+from .test_xds_config import another, basic
 
 
 def started(ads: AdsServer, xds_rls: Callable[..., Any], **env: str) -> Any:
@@ -113,6 +113,32 @@ def test_ten_thousand_domains_are_applied_off_the_loop(
     assert decide(rls.grpc_addr, "d09999", ("key", "v")) == OK
     assert decide(rls.grpc_addr, "d09999", ("key", "v")) == OVER_LIMIT
     still_decides(rls, "many")
+
+
+def test_a_refused_set_sent_again_is_nacked_again_without_a_rebuild(
+    ads: AdsServer, xds_rls: Callable[..., Any]
+) -> None:
+    """A broken controller that keeps resending the set rls refused (new versions, new
+    nonces) costs one build and one error line, not one per response: every repeat is NACKed
+    with the same detail at once, so a refused 10,000-domain set cannot keep the builds (and
+    the decisions' p99 that builds cost) going for as long as the server insists."""
+    rls = started(ads, xds_rls)
+    duplicate = domain("basic", limit("other", "SECOND", 1), resource_name="dupe")
+    for version in ("2", "3", "4"):
+        ads.set_snapshot(version, [basic(), duplicate])
+    third = ads.wait_nack(3)
+    assert third.version_info == "1" and third.response_nonce
+    assert {n.error_detail.message for n in ads.nacks()} == {
+        "dupe: duplicate domain 'basic' in config file"}
+    assert rls.log().count("error loading new configuration") == 1
+    assert metric(rls.http_url, "rls_xds_nacks_total", reason="invalid") == 3
+    ads.set_snapshot("5", [basic(), another()])
+    ads.wait_ack("5")
+    ads.set_snapshot("6", [basic(), duplicate])  # refused again after a good set: said again
+    ads.wait_nack(4)
+    wait_until(lambda: rls.log().count("error loading new configuration") == 2, 10,
+               "the refusal logged again")
+    still_decides(rls, "repeat")
 
 
 def test_a_server_that_never_answers_leaves_a_force_started_rls_serving(

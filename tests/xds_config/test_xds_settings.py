@@ -6,6 +6,7 @@ import pytest
 
 from rls.cli import _parser, _settings_from
 from rls.settings import Settings
+from rls.value_forms import stream_headers
 
 ENVOY_GATEWAY = {
     "CONFIG_TYPE": "GRPC_XDS_SOTW",
@@ -51,6 +52,12 @@ def test_rls_names_and_flags_win_over_the_reference_names(
      "--config (RLS_CONFIG) cannot be given beside it"),
     ({"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "novalue"}, (),
      "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: entry 'novalue' is not key:value"),
+    ({"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "x tenant:t1"}, (),
+     "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: header name 'x tenant' is not a gRPC "
+     "metadata key"),
+    ({"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "x-tenant:caf\u00e9"}, (),
+     "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: the value of 'x-tenant' is not printable "
+     "ASCII"),
     ({"XDS_CLIENT_BACKOFF_MAX_INTERVAL": "soon"}, (),
      "XDS_CLIENT_BACKOFF_MAX_INTERVAL: 'soon' is not a duration"),
     ({"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": "/c.crt"}, (),
@@ -62,3 +69,14 @@ def test_bad_xds_settings_name_their_source(
     with pytest.raises(ValueError) as caught:
         settings_from(monkeypatch, env, *args)
     assert message in str(caught.value)
+
+
+def test_additional_headers_become_stream_metadata_as_the_reference_sends_them() -> None:
+    """Keys lower-cased; gRPC's reserved names left out (grpc-go, the reference's client,
+    skips them: `grpc-timeout` would otherwise end every stream); `-bin` values as bytes
+    (gRPC base64-encodes them on the wire, as grpc-go does)."""
+    headers, dropped = stream_headers(
+        "X-Tenant:t1,grpc-timeout:1S,Content-Type:text/plain,te:trailers,x-token-bin:ab:c"
+    )
+    assert headers == (("x-tenant", "t1"), ("x-token-bin", b"ab:c"))
+    assert dropped == ["grpc-timeout", "content-type", "te"]

@@ -6,7 +6,9 @@ loader's budgets, rls.config.reload.in_daemon_thread) and swapped in through the
 like a file reload (over-limit cache cleared, health, reload metrics); counters are untouched.
 Then the response is ACKed (its version and nonce) or, when the set does not build, NACKed
 (the last accepted version, its nonce, and the loader's one-line error) and the config in
-force stays. A set identical to the one in force is ACKed without rebuilding it.
+force stays. A set identical to the one in force is ACKed without rebuilding it; one
+identical to the last refused set is NACKed again without rebuilding or logging it (a
+controller resending a bad set costs one build, not one per response).
 
 Responses are handled one at a time: a server that pushes faster than sets build is slowed by
 gRPC's flow control, never buffered here. A response over the size cap ends the stream (gRPC
@@ -44,7 +46,7 @@ from rls.config.xds.convert import (
     YieldingBudget,
     build_config,
 )
-from rls.config.xds.options import Backoff, parse_pairs
+from rls.config.xds.options import Backoff, parse_pairs, stream_headers
 from rls.event_loop import cancel_and_wait
 from rls.settings import Settings
 
@@ -118,9 +120,10 @@ class XdsConfigSource:
         self.settings = settings
         self.holder = holder
         self.metrics = XdsMetrics(registry)
-        self.headers = tuple(
-            (k.lower(), v) for k, v in parse_pairs(settings.xds_additional_headers).items()
-        )
+        self.headers, dropped = stream_headers(settings.xds_additional_headers)
+        if dropped:
+            log.warning("xDS: CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: %s not sent (gRPC "
+                        "sets these itself)", ", ".join(dropped))
         self.first = asyncio.Event()  # set when a config is first accepted
         self.version = ""  # of the set in force ("" before the first)
         self.accepted_at: float | None = None
@@ -128,6 +131,8 @@ class XdsConfigSource:
         self.last_stream_error: str | None = None
         self.connected = False
         self._digest: bytes | None = None
+        # The last set refused by its build and why: resent, it is NACKed at once, unlogged.
+        self._refused: tuple[bytes, ConfigError] | None = None
         self._logged: tuple[object, float] = (None, 0.0)  # last retry warning, when
         self._task: asyncio.Task[None] | None = None
 
@@ -298,10 +303,14 @@ class XdsConfigSource:
             )
             digest = None
         if isinstance(built, ConfigError):
-            return self._nack(response, built)
+            repeat = self._refused is not None and self._refused[0] == digest
+            # Not a refusal for time: on a less busy moment the same set may build.
+            if digest is not None and time.monotonic() < budget.started + budget.load_seconds:
+                self._refused = (digest, built)
+            return self._nack(response, built, log_it=not repeat)
         if digest != self._digest and built is not None:
             self.holder.apply(built, LABEL)
-        self._digest = digest
+        self._digest, self._refused = digest, None
         self.version = response.version_info
         self.accepted_at = time.time()
         self.metrics.set_version(version)
@@ -317,6 +326,8 @@ class XdsConfigSource:
         digest = _digest(resources)
         if digest == self._digest:
             return digest, None
+        if self._refused is not None and self._refused[0] == digest:
+            return digest, self._refused[1]
         try:
             config = _without_collector(
                 lambda: build_config(resources, self.settings.merge_domains, budget)
@@ -331,9 +342,13 @@ class XdsConfigSource:
             return digest, config.warnings[0].as_error()
         return digest, config
 
-    def _nack(self, response: Any, error: ConfigError) -> discovery_pb2.DiscoveryRequest:
+    def _nack(
+        self, response: Any, error: ConfigError, log_it: bool = True
+    ) -> discovery_pb2.DiscoveryRequest:
+        """NACK `response`; `log_it` False for a resent refused set (said once already)."""
         reason = error.reason if isinstance(error, XdsResponseError) else "invalid"
-        self.holder.apply(error, LABEL)  # logs it; rls_config_loads{result="error"}
+        if log_it:
+            self.holder.apply(error, LABEL)  # logs it; rls_config_loads{result="error"}
         detail = one_line(error.detail())
         self.metrics.nacks.labels(reason).inc()
         self.last_nack = {
@@ -382,11 +397,13 @@ def _iso(when: float | None) -> str | None:
 
 
 async def start_source(
-    settings: Settings, holder: ConfigHolder, registry: CollectorRegistry
+    settings: Settings, holder: ConfigHolder, registry: CollectorRegistry,
+    stop: asyncio.Event | None = None,
 ) -> XdsConfigSource:
     """Open the stream. FORCE_START_WITHOUT_INITIAL_CONFIG: return at once with an empty
     config in force (no domain: every call OK, as the reference); otherwise return only once
-    the first set is accepted (the reference opens no listener before)."""
+    the first set is accepted (the reference opens no listener before) or `stop` is set — a
+    SIGTERM while the controller has not pushed yet (the caller sees `first` unset)."""
     source = XdsConfigSource(settings, holder, registry)
     source.start()
     if settings.force_start_without_initial_config:
@@ -396,5 +413,17 @@ async def start_source(
     else:
         log.info("xDS: waiting for the first config from %s before serving",
                  settings.xds_server_url)
-        await source.first.wait()
+        await _first_or_stop(source.first, stop)
     return source
+
+
+async def _first_or_stop(first: asyncio.Event, stop: asyncio.Event | None) -> None:
+    """Wait for `first`, or for `stop` when given, whichever comes first."""
+    waits = {asyncio.ensure_future(first.wait())}
+    if stop is not None:
+        waits.add(asyncio.ensure_future(stop.wait()))
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()

@@ -8,6 +8,7 @@ import random
 # Defined with the other written forms of settings; imported here by the xDS client and tests.
 from rls.value_forms import parse_duration as parse_duration
 from rls.value_forms import parse_pairs as parse_pairs
+from rls.value_forms import stream_headers as stream_headers
 
 
 class Backoff:
