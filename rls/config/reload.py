@@ -271,10 +271,7 @@ class ConfigHolder:
             return False
         config = result
         self.config = config
-        for file in self._error_files:  # set to 0, not cleared: works in multiprocess mode too
-            self.metrics.config_error.labels(file).set(0)
-        self._error_files.clear()
-        self.last_error = None
+        self.clear_errors()
         self.metrics.config_loads.labels("success").inc()
         self.metrics.prepare_domains(config.domains)
         log.info(
@@ -287,6 +284,14 @@ class ConfigHolder:
         if self.on_change is not None:
             self.on_change(config)
         return True
+
+    def clear_errors(self) -> None:
+        """The config in force is the latest word again (a control plane went back to the set
+        it had sent before a refused one): no refusal stands."""
+        for file in self._error_files:  # set to 0, not cleared: works in multiprocess mode too
+            self.metrics.config_error.labels(file).set(0)
+        self._error_files.clear()
+        self.last_error = None
 
     def changed(self) -> bool:
         return fingerprint(self.paths) != self._fingerprint

@@ -141,6 +141,21 @@ def test_a_refused_set_sent_again_is_nacked_again_without_a_rebuild(
     still_decides(rls, "repeat")
 
 
+def test_the_set_in_force_sent_again_after_a_refusal_clears_the_error(
+    ads: AdsServer, xds_rls: Callable[..., Any]
+) -> None:
+    """A controller that goes back to the set rls already runs (a refused push rolled back)
+    leaves no refusal standing: the error gauge falls to 0, /rlconfig shows no error."""
+    rls = started(ads, xds_rls)
+    ads.set_snapshot("2", [basic(), domain("basic", limit("other", "SECOND", 1),
+                                          resource_name="dupe")])
+    ads.wait_nack(1)
+    assert metric(rls.http_url, "rls_config_last_load_error", file="xds") == 1
+    ads.set_snapshot("3", [basic()])  # the set in force, as version 1 sent it
+    ads.wait_ack("3")
+    assert metric(rls.http_url, "rls_config_last_load_error", file="xds") == 0
+
+
 def test_a_server_that_never_answers_leaves_a_force_started_rls_serving(
     ads: AdsServer, xds_rls: Callable[..., Any]
 ) -> None:

@@ -310,6 +310,8 @@ class XdsConfigSource:
             return self._nack(response, built, log_it=not repeat)
         if digest != self._digest and built is not None:
             self.holder.apply(built, LABEL)
+        else:  # the set in force, sent again: a refusal in between no longer stands
+            self.holder.clear_errors()
         self._digest, self._refused = digest, None
         self.version = response.version_info
         self.accepted_at = time.time()
