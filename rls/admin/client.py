@@ -7,6 +7,7 @@ status and error; 2: it could not be reached or the arguments were bad).
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import sys
@@ -79,6 +80,10 @@ def call(
         raise HttpFailure(exc.code, str(message)) from None
     except urllib.error.URLError as exc:
         raise OSError(f"cannot reach {admin}: {exc.reason}") from None
+    except http.client.HTTPException:
+        # A gRPC port answers HTTP/2 frames: the usual mix-up of 8081 with the admin's 8080.
+        raise OSError(f"{admin} does not answer HTTP/1.1 as the admin API does (is it the gRPC "
+                      "port? the admin API listens on --http-addr)") from None
 
 
 def _error_text(payload: dict[str, Any], raw: str) -> str:

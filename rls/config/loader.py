@@ -258,6 +258,9 @@ class _DomainDraft:
         )
 
 
+NO_DOMAIN = "<no domain>"  # the stand-in name a file without a domain is checked under
+
+
 class _ConfigDraft:
     """What a load accumulates, file by file; `build()` makes the immutable config."""
 
@@ -292,8 +295,13 @@ class _ConfigDraft:
                 line=1,
                 hint="the file is empty" if not doc else "add `domain: <name>` at the top",
             ))
-            found.raise_if_any()  # the nodes' paths and merging need the domain's name
-        domain = self._domain_for(file, domain_name, found)
+            if not doc:
+                found.raise_if_any()
+        # Without a name the rest is still checked, under a stand-in one, so that a typo in
+        # `domain:` does not hide the descriptors' problems; it is never committed or merged.
+        domain = (self._domain_for(file, domain_name, found) if domain_name
+                  else _DomainDraft(NO_DOMAIN, files=[file]))
+        domain_name = domain.name
         mode = found.check("", as_str, file, doc.get("failure_mode"), "failure_mode")
         if mode:
             if mode in ("allow", "deny"):

@@ -2,7 +2,8 @@
 
 Two line formats, told apart per line:
 - rls's decision log (rls/engine/decision_log.py): `{"ts":<ms>,"code":"OK",...}`, told by
-  `ts` then `code` as its first two members (an access log line may start with `ts`). The part
+  `ts` then `code` as its first two members and a request at its top level (an access log
+  line may start with `ts`, even `ts` then `code`, its request in a member). The part
   after the timestamp and code repeats for every call of a caller, so it is parsed once and
   remembered (bounded): most lines cost no JSON parse at all;
 - any other JSON object: an Envoy access log line. Its rate-limit request is the object itself
@@ -88,13 +89,11 @@ class LogReader:
         self._pieces: dict[str, tuple[DescriptorIn, str]] = {}  # one descriptor's JSON text
         self._heads: dict[str, dict[str, Any]] = {}  # domain and hits
 
-    def _decision_line(self, raw: bytes, comma: int, n: int) -> tuple[str | None, Shape] | None:
-        """(code, request) of a decision log line not seen before (None: skipped or bad,
-        counted); remembered by the line's text after its timestamp, its request by the text
-        after its code, so lines with either code share one Shape."""
-        if len(raw) > MAX_LINE:
-            self.bad.add("line too long", n)
-            return None
+    def _decision_line(self, raw: bytes, comma: int) -> tuple[str | None, Shape] | None:
+        """(code, request) of a decision log line not seen before (None: no request at its top
+        level, so not rls's decision log after all: a line of one's own format that starts with
+        `ts` and `code` too); remembered by the line's text after its timestamp, its request by
+        the text after its code, so lines with either code share one Shape."""
         code = None
         rest = comma + 1
         if raw.startswith(b'"code":"', rest):
@@ -106,7 +105,6 @@ class LogReader:
         if shape is None:
             shape = self._new_shape(key.decode())
             if shape is None:
-                self.skipped += 1
                 return None
             if len(self._shapes) >= SHAPES_MAX or len(self._lines) >= 2 * SHAPES_MAX:
                 self._shapes.clear()
@@ -152,17 +150,16 @@ class LogReader:
             n += 1
             try:
                 comma = raw.find(b",", 6) if raw.startswith(b'{"ts":') else -1
-                if comma > 0 and raw.startswith(b'"code":"', comma + 1):
+                if comma > 0 and raw.startswith(b'"code":"', comma + 1) and len(raw) <= MAX_LINE:
                     # rls's decision log (`ts` then `code`): the parse is memoised. An access
-                    # log line may start with `ts` too; it takes the general path below.
+                    # log line may start with `ts` (and `code`) too; it takes the general path.
                     ts = int(raw[6:comma])
                     seen = lines.get(raw[comma:])  # the line but its time: (code, request)
                     if seen is None:
-                        seen = self._decision_line(raw, comma, n)
-                        if seen is None:
-                            continue
-                    yield ts, seen[0], seen[1]
-                    continue
+                        seen = self._decision_line(raw, comma)
+                    if seen is not None:
+                        yield ts, seen[0], seen[1]
+                        continue
                 if len(raw) > MAX_LINE:
                     self.bad.add("line too long", n)
                     continue

@@ -70,6 +70,22 @@ def test_the_error_carries_every_problem_and_is_still_the_first_one() -> None:
     assert error.detail().splitlines() == [p.located() for p in error.problems]
 
 
+
+@pytest.mark.parametrize("top, first", [
+    ("domian: d", "unknown key 'domian' (at f.yaml:1, node domian; did you mean 'domain'?)"),
+    ('domain: ""', "config file cannot have empty domain (at f.yaml:1; add `domain: <name>`"),
+])
+def test_a_missing_domain_does_not_hide_the_problems_of_the_descriptors(
+        top: str, first: str) -> None:
+    """A file without a domain (`domian:`, a typo; or an empty one) still has its descriptors
+    checked, under a stand-in name: the bad unit is not found only after the domain is fixed."""
+    with pytest.raises(ConfigError) as info:
+        load_files([("f.yaml", SEVERAL.replace("domain: d", top))])
+    problems = info.value.problems
+    assert [p.line for p in problems] == [1, 5, 10, 14, 15], info.value.detail()
+    assert first in problems[0].located(), problems[0].located()
+    assert problems[1].node == "<no domain>.a.rate_limit", problems[1].located()
+
 def test_a_node_and_its_children_are_both_checked() -> None:
     text = (
         "domain: d\ndescriptors:\n  - key: a\n    detailed_metric: maybe\n"

@@ -22,3 +22,13 @@ def test_the_quota_banner_says_used_counts_grants_not_requests() -> None:
     said = " ".join(line.strip().lstrip("# ") for line in comment.splitlines())
     assert "`used` is what Envoy was granted, charged when rls hands it out" in said, said
     assert "not the requests sent" in said and f"up to the whole {QUOTA_LIMIT}" in said, said
+
+
+def test_admin_md_says_what_used_means_for_a_quota_mode_limit() -> None:
+    """The reference for /counters says it too, not only the demo's banner."""
+    root = Path(__file__).resolve().parents[2]
+    admin = " ".join((root / "docs" / "admin.md").read_text().split())
+    section = admin[admin.index("## POST /counters"):]
+    section = section[:section.index("```")]
+    assert "for a `quota_mode` limit, what Envoys were granted" in section, section
+    assert "not the requests sent" in section, section

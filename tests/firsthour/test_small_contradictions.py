@@ -94,3 +94,19 @@ def test_rls_cache_stats_without_a_cache_says_so(rls_factory: Callable[..., obje
     assert done.returncode == 1
     assert done.stderr.strip() == ("rls cache stats: HTTP 404: no response cache here: "
                                    "rls serve runs without --cache-config"), done.stderr
+
+
+def test_an_admin_command_pointed_at_the_grpc_port_says_so_without_a_traceback(
+        rls_factory: Callable[..., object], tmp_path: Path) -> None:
+    """`--admin http://host:8081` (the gRPC port, not --http-addr's) is a first-week mistake:
+    the answer is HTTP/2 frames, not HTTP/1.1."""
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text(GOOD)
+    proc = rls_factory(cfg)
+    grpc = f"http://127.0.0.1:{proc.grpc_port}"  # type: ignore[attr-defined]
+    done = rls("cache", "stats", "--admin", grpc)
+    assert done.returncode == 2, done.stderr  # as when the address cannot be reached
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == (
+        f"rls cache stats: {grpc} does not answer HTTP/1.1 as the admin API does "
+        "(is it the gRPC port? the admin API listens on --http-addr)"), done.stderr

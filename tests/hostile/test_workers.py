@@ -369,3 +369,18 @@ def test_one_killed_worker_whose_replacement_serves_leaves_health_200(
                    "health 200 with the replacement serving", output)
         assert victim not in children(proc.pid) and len(children(proc.pid)) == 2
         assert proc.poll() is None
+
+
+def test_admin_md_states_the_same_worker_health_rule_as_reliability_md() -> None:
+    """docs/admin.md's /healthcheck section and docs/reliability.md give one rule (issue 33):
+    503 while a slot has no serving worker or crash-loops, not for 10 s after one crash."""
+    admin = " ".join((ROOT / "docs" / "admin.md").read_text().split())
+    section = admin[admin.index("## GET /healthcheck"):]
+    section = section[:section.index("## ", 3)]
+    workers = section[section.index("--workers N"):]
+    assert "since it last served" not in workers, workers
+    assert "no serving worker" in workers, workers
+    assert f"{CRASH_LOOP_FAILURES} or more failures in a row" in workers, workers
+    assert "one crash whose replacement serves" in workers, workers
+    reliability = " ".join((ROOT / "docs" / "reliability.md").read_text().split())
+    assert f"crash-looping ({CRASH_LOOP_FAILURES} or more failures in a row" in reliability

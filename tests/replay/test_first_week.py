@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,18 @@ def ts_first(line: str, ts: int) -> str:
     return json.dumps({"ts": ts, **obj}, separators=(",", ":"))
 
 
-def test_an_access_log_line_starting_with_ts_is_replayed_not_skipped(tmp_path: Path) -> None:
+def ts_and_code_first(line: str, ts: int) -> str:
+    """A format of one's own with `ts` then a string `code` first (the decision log's first two
+    members), the request in a member."""
+    obj = json.loads(ts_first(line, ts))
+    return json.dumps({"ts": obj.pop("ts"), "code": "200", **obj}, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("shape", [ts_first, ts_and_code_first])
+def test_an_access_log_line_starting_with_ts_is_replayed_not_skipped(
+        tmp_path: Path, shape: Callable[[str, int], str]) -> None:
     log = tmp_path / "envoy.log"
-    log.write_text("".join(ts_first(envoy_line(*r), r[0]) + "\n" for r in TRAFFIC))
+    log.write_text("".join(shape(envoy_line(*r), r[0]) + "\n" for r in TRAFFIC))
     assert log.read_text().startswith('{"ts":')
     _, from_envoy = replay(tmp_path, log)
     _, from_rls = replay(tmp_path, decision_log(tmp_path / "d.jsonl", TRAFFIC))
@@ -245,3 +255,4 @@ def test_every_key_of_the_json_report_is_documented(tmp_path: Path) -> None:
     table = text[text.index("`--json` prints the same report as one object"):]
     undocumented = sorted(k for k in key_names(report) if f"`{k}`" not in table)
     assert undocumented == []
+
