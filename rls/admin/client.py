@@ -63,7 +63,12 @@ def call(
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
-            return json.loads(resp.read() or b"null")
+            raw = resp.read()
+        try:
+            return json.loads(raw or b"null")
+        except ValueError:  # some other HTTP server (a proxy's page, another service's port)
+            raise OSError(f"{admin} answers {path} with something other than JSON: it is not "
+                          "rls's admin API (that listens on --http-addr)") from None
     except urllib.error.HTTPError as exc:
         raw = exc.read()
         try:

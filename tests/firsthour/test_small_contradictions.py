@@ -5,7 +5,10 @@ Each test runs the behaviour and reads the sentence of the docs that describes i
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,3 +113,25 @@ def test_an_admin_command_pointed_at_the_grpc_port_says_so_without_a_traceback(
     assert done.stderr.strip() == (
         f"rls cache stats: {grpc} does not answer HTTP/1.1 as the admin API does "
         "(is it the gRPC port? the admin API listens on --http-addr)"), done.stderr
+
+
+def test_an_admin_command_pointed_at_another_http_server_says_so_without_a_traceback(
+        tmp_path: Path) -> None:
+    """An --admin URL that answers HTTP/1.1 with a page, not JSON (a proxy, another service):
+    one line naming the address, exit 2, no ValueError traceback."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "stats").write_text("<html>not rls</html>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        admin = f"http://127.0.0.1:{server.server_address[1]}"
+        done = rls("cache", "stats", "--admin", admin)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == (
+        f"rls cache stats: {admin} answers /cache/stats with something other than JSON: it is "
+        "not rls's admin API (that listens on --http-addr)"), done.stderr
