@@ -150,7 +150,8 @@ class TlsMetrics:
             "and of the earliest client CA certificate (certificate=client_ca)",
             ["certificate"],
             registry=registry,
-            multiprocess_mode="min",
+            # live: a worker that died before a rotation must not keep the old date on show
+            multiprocess_mode="livemin",
         )
         self.reloads = Counter(
             "rls_grpc_tls_reloads",
