@@ -63,6 +63,7 @@ class HandshakeLog:
 
     def __init__(self, counter: Any) -> None:
         self.counter = counter  # a labelled Counter: counter.labels(reason).inc()
+        self.lost = 0  # refusals that could not be counted
         self._saved: int | None = None
         self._thread: threading.Thread | None = None
 
@@ -110,11 +111,21 @@ class HandshakeLog:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                reason = handshake_reason(line)
-                if reason is not None:
-                    self.counter.labels(reason).inc()
+                self._count(line)
             pending = pending[-MAX_LINE:]
         os.close(read_end)
+
+    def _count(self, line: bytes) -> None:
+        """Count one line. Never raises and never logs: the pump is the only reader of stderr,
+        so a pump that died (or wrote to stderr itself) would block every later write to
+        stderr, rls's log lines included, once the pipe is full."""
+        reason = handshake_reason(line)
+        if reason is None:
+            return
+        try:
+            self.counter.labels(reason).inc()
+        except Exception:  # e.g. a multiprocess metrics file on a full disk: the count is lost
+            self.lost += 1
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -175,3 +175,32 @@ def test_rls_with_tls_drains_on_sigterm_and_its_last_log_lines_still_reach_stder
     log = rls.log()
     assert "WRONG_VERSION_NUMBER" in log
     assert log.rstrip().endswith("stopped"), log[-500:]
+
+
+FAILING_COUNTER = """
+import os
+from rls.tls_refusals import HandshakeLog
+
+class Broken:  # a counter that fails, as a multiprocess metrics file on a full disk does
+    def labels(self, reason):
+        raise OSError(28, "No space left on device")
+
+log = HandshakeLog(Broken())
+log.install()
+line = (b"I1128 05:17:15.886958 1 ssl_transport_security.cc:2563] Handshake failed with error "
+        b"SSL_ERROR_SSL: error:100000c0:SSL routines:OPENSSL_internal:"
+        b"PEER_DID_NOT_RETURN_A_CERTIFICATE: Invalid certificate verification context\\n")
+for _ in range(4000):  # some 600 KB: far more than a pipe holds
+    os.write(2, line)
+log.uninstall()
+print("done")
+"""
+
+
+def test_stderr_keeps_flowing_when_counting_a_handshake_failure_fails() -> None:
+    """The pipe in front of stderr must never stop draining: a dead pump would block every
+    later write to stderr (rls's own log lines) once the pipe is full, hanging the server."""
+    done = subprocess.run([sys.executable, "-c", FAILING_COUNTER], capture_output=True,
+                          timeout=30, check=False)
+    assert done.stdout.strip() == b"done"
+    assert done.stderr.count(b"Handshake failed") == 4000
