@@ -7,6 +7,7 @@ Run in a fresh interpreter: the check must see the modules before anything impor
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,9 +54,12 @@ def test_otlp_exporters_import_from_a_non_editable_install_of_rls(tmp_path: Path
     overwritten OTLP protos must travel with it. rls is installed alone into a directory and
     run from elsewhere, so the checkout cannot stand in for it; the dependencies (xds-protos,
     opentelemetry-proto) are this environment's, whatever order pip wrote them in."""
-    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    wheels, target, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "source"
+    # a copy: setuptools writes build/ into the tree it builds
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".*", "build", "*.egg-info", "__pycache__", "tests", "benchmarks"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "-w", str(wheels), str(ROOT)],
+                    "-w", str(wheels), str(source)],
                    check=True, capture_output=True, timeout=300)
     wheel = next(wheels.glob("*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
