@@ -320,6 +320,11 @@ def start_tls(settings: Settings, registry: CollectorRegistry) -> GrpcTls | None
     except TlsFileError as exc:  # changed since cli.startup_problem read them
         raise SystemExit(f"rls: {exc}") from None
     log.info("%s", tls.describe())
+    verbosity = os.environ.get("GRPC_VERBOSITY", "").strip().upper()
+    if verbosity in ("ERROR", "NONE"):  # grpc writes its handshake failures at INFO
+        log.warning("GRPC_VERBOSITY=%s: grpc does not log failed handshakes, so clients refused "
+                    "in the handshake are not counted (rls_grpc_tls_refused_total stays 0 but "
+                    "for wrong_san); unset it or set INFO to count them", verbosity)
     return tls
 
 

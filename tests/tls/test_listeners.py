@@ -204,3 +204,24 @@ def test_stderr_keeps_flowing_when_counting_a_handshake_failure_fails() -> None:
                           timeout=30, check=False)
     assert done.stdout.strip() == b"done"
     assert done.stderr.count(b"Handshake failed") == 4000
+
+
+@pytest.mark.parametrize("verbosity", ["ERROR", "none"])
+def test_tls_on_with_grpc_logging_quieted_says_at_start_that_handshakes_are_not_counted(
+    pki: Pki, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, verbosity: str
+) -> None:
+    """The handshake refusals are counted from grpc's INFO lines: with GRPC_VERBOSITY above
+    INFO the counts stay 0, which must not pass for "nobody was refused"."""
+    from prometheus_client import CollectorRegistry
+
+    from rls.settings import Settings
+    from rls.tls import start_tls
+
+    monkeypatch.setenv("GRPC_VERBOSITY", verbosity)
+    settings = Settings(grpc_tls=True, grpc_tls_cert=str(pki.server.cert),
+                        grpc_tls_key=str(pki.server.key), grpc_tls_client_ca=str(pki.ca.cert))
+    tls = start_tls(settings, CollectorRegistry())
+    assert tls is not None
+    tls.close()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("GRPC_VERBOSITY" in m and "not counted" in m for m in warned), warned
