@@ -45,6 +45,14 @@ _BY_DETAIL = {  # CERTIFICATE_VERIFY_FAILED: OpenSSL's verify result says why
     b"unsupported certificate purpose": "wrong_usage",  # e.g. a server-only certificate
 }
 MAX_LINE = 64 * 1024  # longest partial line kept while scanning (the bytes pass on regardless)
+_INSTALLED: list[HandshakeLog] = []  # the pipes in front of stderr, innermost last
+
+
+def restore_stderr() -> None:
+    """Give fd 2 back to the real stderr, after what is in the pipe was passed on. For exits
+    that skip atexit (os._exit): without it their last log lines stay in the pipe, unread."""
+    while _INSTALLED:
+        _INSTALLED.pop().uninstall()
 
 
 def handshake_reason(line: bytes) -> str | None:
@@ -77,6 +85,7 @@ class HandshakeLog:
             return
         read_end, write_end = os.pipe()
         self._saved = saved
+        _INSTALLED.append(self)
         os.dup2(write_end, 2)
         os.close(write_end)
         self._thread = threading.Thread(
