@@ -4,7 +4,7 @@ Imported by the server only when tracing is on (`--tracing-enabled`, `TRACING_EN
 an rls without tracing never loads OpenTelemetry. Spans leave through the SDK's
 BatchSpanProcessor: ended spans go to a bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048) that
 a background thread exports in batches; a full queue drops spans (counted in
-`rls_tracing_spans_dropped_total{reason="queue_full"}`), so a collector that is down or slow
+`rls_tracing_spans_total{outcome="dropped_queue_full"}`), so a collector that is down or slow
 costs decisions nothing but those dropped spans. The exporter reads the standard variables
 itself (`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, `_HEADERS`, `_CERTIFICATE`, `_TIMEOUT`, ...).
 """
