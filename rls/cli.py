@@ -33,6 +33,7 @@ from rls.logging_setup import setup_logging
 from rls.settings import Settings, admin_token, env_value
 from rls.tls import startup_problem as tls_startup_problem
 from rls.top_cli import add_parser as add_top_parser
+from rls.tracing import startup_problem as tracing_startup_problem
 
 ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"
 
@@ -123,6 +124,9 @@ def startup_problem(settings: Settings) -> str | None:
     tls_problem = tls_startup_problem(settings)
     if tls_problem is not None:
         return tls_problem
+    tracing_problem = tracing_startup_problem(settings)
+    if tracing_problem is not None:
+        return tracing_problem
     if settings.allow_empty_config or settings.config_type == "GRPC_XDS_SOTW":
         return None
     if not settings.config:

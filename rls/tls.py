@@ -150,7 +150,8 @@ class TlsMetrics:
             "and of the earliest client CA certificate (certificate=client_ca)",
             ["certificate"],
             registry=registry,
-            multiprocess_mode="min",
+            # live: a worker that died before a rotation must not keep the old date on show
+            multiprocess_mode="livemin",
         )
         self.reloads = Counter(
             "rls_grpc_tls_reloads",
@@ -319,6 +320,11 @@ def start_tls(settings: Settings, registry: CollectorRegistry) -> GrpcTls | None
     except TlsFileError as exc:  # changed since cli.startup_problem read them
         raise SystemExit(f"rls: {exc}") from None
     log.info("%s", tls.describe())
+    verbosity = os.environ.get("GRPC_VERBOSITY", "").strip().upper()
+    if verbosity in ("ERROR", "NONE"):  # grpc writes its handshake failures at INFO
+        log.warning("GRPC_VERBOSITY=%s: grpc does not log failed handshakes, so clients refused "
+                    "in the handshake are not counted (rls_grpc_tls_refused_total stays 0 but "
+                    "for wrong_san); unset it or set INFO to count them", verbosity)
     return tls
 
 

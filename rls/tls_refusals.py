@@ -45,6 +45,14 @@ _BY_DETAIL = {  # CERTIFICATE_VERIFY_FAILED: OpenSSL's verify result says why
     b"unsupported certificate purpose": "wrong_usage",  # e.g. a server-only certificate
 }
 MAX_LINE = 64 * 1024  # longest partial line kept while scanning (the bytes pass on regardless)
+_INSTALLED: list[HandshakeLog] = []  # the pipes in front of stderr, innermost last
+
+
+def restore_stderr() -> None:
+    """Give fd 2 back to the real stderr, after what is in the pipe was passed on. For exits
+    that skip atexit (os._exit): without it their last log lines stay in the pipe, unread."""
+    while _INSTALLED:
+        _INSTALLED.pop().uninstall()
 
 
 def handshake_reason(line: bytes) -> str | None:
@@ -63,6 +71,7 @@ class HandshakeLog:
 
     def __init__(self, counter: Any) -> None:
         self.counter = counter  # a labelled Counter: counter.labels(reason).inc()
+        self.lost = 0  # refusals that could not be counted
         self._saved: int | None = None
         self._thread: threading.Thread | None = None
 
@@ -76,6 +85,7 @@ class HandshakeLog:
             return
         read_end, write_end = os.pipe()
         self._saved = saved
+        _INSTALLED.append(self)
         os.dup2(write_end, 2)
         os.close(write_end)
         self._thread = threading.Thread(
@@ -110,11 +120,21 @@ class HandshakeLog:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                reason = handshake_reason(line)
-                if reason is not None:
-                    self.counter.labels(reason).inc()
+                self._count(line)
             pending = pending[-MAX_LINE:]
         os.close(read_end)
+
+    def _count(self, line: bytes) -> None:
+        """Count one line. Never raises and never logs: the pump is the only reader of stderr,
+        so a pump that died (or wrote to stderr itself) would block every later write to
+        stderr, rls's log lines included, once the pipe is full."""
+        reason = handshake_reason(line)
+        if reason is None:
+            return
+        try:
+            self.counter.labels(reason).inc()
+        except Exception:  # e.g. a multiprocess metrics file on a full disk: the count is lost
+            self.lost += 1
 
 
 def _write_all(fd: int, data: bytes) -> None:

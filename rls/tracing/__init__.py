@@ -25,3 +25,13 @@ def start_tracing(
     from rls.tracing.wiring import Tracing
 
     return Tracing(settings, registry, limiter)
+
+
+def startup_problem(settings: Settings) -> str | None:
+    """Why tracing cannot start (one line naming the OTEL_* variable), None when it can or is
+    off; `rls serve` exits 2 with it before anything is set up."""
+    if not settings.tracing_enabled:
+        return None
+    from rls.tracing.wiring import setup_problem
+
+    return setup_problem(settings)

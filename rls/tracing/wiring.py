@@ -4,7 +4,7 @@ Imported by the server only when tracing is on (`--tracing-enabled`, `TRACING_EN
 an rls without tracing never loads OpenTelemetry. Spans leave through the SDK's
 BatchSpanProcessor: ended spans go to a bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048) that
 a background thread exports in batches; a full queue drops spans (counted in
-`rls_tracing_spans_dropped_total{reason="queue_full"}`), so a collector that is down or slow
+`rls_tracing_spans_total{outcome="dropped_queue_full"}`), so a collector that is down or slow
 costs decisions nothing but those dropped spans. The exporter reads the standard variables
 itself (`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, `_HEADERS`, `_CERTIFICATE`, `_TIMEOUT`, ...).
 """
@@ -12,6 +12,7 @@ itself (`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, `_HEADERS`, `_CERTIFICATE`, `_TI
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -20,6 +21,11 @@ from typing import Any
 import grpc
 from opentelemetry.propagators.b3 import B3MultiFormat, B3SingleFormat
 from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.sdk.environment_variables import (
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+    OTEL_BSP_MAX_QUEUE_SIZE,
+    OTEL_BSP_SCHEDULE_DELAY,
+)
 from opentelemetry.sdk.resources import (
     SERVICE_INSTANCE_ID,
     SERVICE_NAME,
@@ -70,7 +76,11 @@ class _CountedBatches(BatchSpanProcessor):
     it; the count reads the SDK's queue (a bounded deque) before each span goes in."""
 
     def __init__(self, exporter: SpanExporter, dropped: Counter) -> None:
-        super().__init__(exporter)
+        queue, batch, delay = batch_options()
+        super().__init__(
+            exporter, max_queue_size=queue, max_export_batch_size=batch,
+            schedule_delay_millis=delay,
+        )
         self._dropped = dropped
         self._queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
         if self._queue is None:
@@ -82,6 +92,64 @@ class _CountedBatches(BatchSpanProcessor):
             if span.context is not None and span.context.trace_flags.sampled:
                 self._dropped.inc()
         super().on_end(span)
+
+
+class TracingSetupError(ValueError):
+    """The OTEL_* variables give values the exporter or its span queue cannot use."""
+
+
+BSP_DEFAULTS = {  # the OpenTelemetry defaults (the specification's, the Go and Python SDKs')
+    OTEL_BSP_MAX_QUEUE_SIZE: 2048,
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE: 512,
+    OTEL_BSP_SCHEDULE_DELAY: 5000,
+}
+
+
+def batch_options(warn: bool = True) -> tuple[int, int, int]:
+    """The span queue's length, the export batch and its delay (ms) from OTEL_BSP_*, read
+    here because the SDK's own reading logs a traceback for a non-number and its check raises
+    a ValueError naming no variable. A non-number means the default (one warning, as the Go
+    SDK); zero or less stops the start; a batch longer than the queue is cut to it, as the
+    reference's Go SDK does (the Python SDK refuses to start)."""
+    values: dict[str, int] = {}
+    for name, default in BSP_DEFAULTS.items():
+        text = os.environ.get(name, "").strip()
+        try:
+            values[name] = int(text) if text else default
+        except ValueError:
+            if warn:  # once, from the server (not again from the start-up check)
+                log.warning("%s=%r is not a whole number: the default %d applies", name, text,
+                            default)
+            values[name] = default
+        if values[name] <= 0:
+            raise TracingSetupError(f"{name}: {values[name]} is not a positive number")
+    queue = values[OTEL_BSP_MAX_QUEUE_SIZE]
+    batch = min(values[OTEL_BSP_MAX_EXPORT_BATCH_SIZE], queue)
+    return queue, batch, values[OTEL_BSP_SCHEDULE_DELAY]
+
+
+def setup_problem(settings: Settings) -> str | None:
+    """Why tracing cannot start with these OTEL_* variables (one line naming them), else None.
+
+    The exporter is built once and dropped: it reads its variables when built (the gRPC one
+    raises on a timeout or compression it cannot parse), before any connection is made."""
+    try:
+        batch_options(warn=False)
+        _exporter(settings.tracing_protocol).shutdown()
+    except TracingSetupError as exc:
+        return f"tracing: {exc}"
+    except Exception as exc:  # whatever the SDK raises on a value it rejects
+        return (f"tracing: the OTLP/{settings.tracing_protocol} exporter cannot start: "
+                f"{' '.join(str(exc).split())} (from {_otlp_variables()})")
+    return None
+
+
+def _otlp_variables() -> str:
+    """The OTEL_EXPORTER_OTLP_* variables set, with their values (headers' withheld: they
+    carry credentials)."""
+    given = [f"{k}=…" if "HEADERS" in k else f"{k}={v}" for k, v in sorted(os.environ.items())
+             if k.startswith("OTEL_EXPORTER_OTLP_")]
+    return ", ".join(given) or "no OTEL_EXPORTER_OTLP_* variable"
 
 
 def _exporter(protocol: str) -> SpanExporter:

@@ -175,3 +175,74 @@ def test_rls_with_tls_drains_on_sigterm_and_its_last_log_lines_still_reach_stder
     log = rls.log()
     assert "WRONG_VERSION_NUMBER" in log
     assert log.rstrip().endswith("stopped"), log[-500:]
+
+
+FAILING_COUNTER = """
+import os
+from rls.tls_refusals import HandshakeLog
+
+class Broken:  # a counter that fails, as a multiprocess metrics file on a full disk does
+    def labels(self, reason):
+        raise OSError(28, "No space left on device")
+
+log = HandshakeLog(Broken())
+log.install()
+line = (b"I1128 05:17:15.886958 1 ssl_transport_security.cc:2563] Handshake failed with error "
+        b"SSL_ERROR_SSL: error:100000c0:SSL routines:OPENSSL_internal:"
+        b"PEER_DID_NOT_RETURN_A_CERTIFICATE: Invalid certificate verification context\\n")
+for _ in range(4000):  # some 600 KB: far more than a pipe holds
+    os.write(2, line)
+log.uninstall()
+print("done")
+"""
+
+
+def test_stderr_keeps_flowing_when_counting_a_handshake_failure_fails() -> None:
+    """The pipe in front of stderr must never stop draining: a dead pump would block every
+    later write to stderr (rls's own log lines) once the pipe is full, hanging the server."""
+    done = subprocess.run([sys.executable, "-c", FAILING_COUNTER], capture_output=True,
+                          timeout=30, check=False)
+    assert done.stdout.strip() == b"done"
+    assert done.stderr.count(b"Handshake failed") == 4000
+
+
+@pytest.mark.parametrize("verbosity", ["ERROR", "none"])
+def test_tls_on_with_grpc_logging_quieted_says_at_start_that_handshakes_are_not_counted(
+    pki: Pki, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, verbosity: str
+) -> None:
+    """The handshake refusals are counted from grpc's INFO lines: with GRPC_VERBOSITY above
+    INFO the counts stay 0, which must not pass for "nobody was refused"."""
+    from prometheus_client import CollectorRegistry
+
+    from rls.settings import Settings
+    from rls.tls import start_tls
+
+    monkeypatch.setenv("GRPC_VERBOSITY", verbosity)
+    settings = Settings(grpc_tls=True, grpc_tls_cert=str(pki.server.cert),
+                        grpc_tls_key=str(pki.server.key), grpc_tls_client_ca=str(pki.ca.cert))
+    tls = start_tls(settings, CollectorRegistry())
+    assert tls is not None
+    tls.close()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("GRPC_VERBOSITY" in m and "not counted" in m for m in warned), warned
+
+
+FORCED_EXIT = """
+import logging, sys
+from prometheus_client import CollectorRegistry, Counter
+from rls.tls_refusals import HandshakeLog
+from rls.server import _shutdown_overran
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+HandshakeLog(Counter("c", "c", ["reason"], registry=CollectorRegistry())).install()
+_shutdown_overran()
+"""
+
+
+def test_the_last_line_before_a_forced_exit_still_reaches_stderr_through_the_tls_pipe() -> None:
+    """os._exit skips atexit: the line saying why rls exits must leave the pipe first (it was
+    lost most of the time). Three runs, as the loss was a race."""
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", FORCED_EXIT], capture_output=True,
+                              timeout=30, check=False)
+        assert done.returncode == 1
+        assert b"shutdown did not finish in time" in done.stderr

@@ -6,8 +6,11 @@ Run in a fresh interpreter: the check must see the modules before anything impor
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import ROOT
 
@@ -44,3 +47,27 @@ def test_otlp_exporters_import_and_encode_a_span_in_this_install() -> None:
                           cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() in ("stale", "clean")
+
+
+def test_otlp_exporters_import_from_a_non_editable_install_of_rls(tmp_path: Path) -> None:
+    """`pip install .` (the README's command) copies rls into site-packages: its copy of the
+    overwritten OTLP protos must travel with it. rls is installed alone into a directory and
+    run from elsewhere, so the checkout cannot stand in for it; the dependencies (xds-protos,
+    opentelemetry-proto) are this environment's, whatever order pip wrote them in."""
+    wheels, target, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "source"
+    # a copy: setuptools writes build/ into the tree it builds
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".*", "build", "*.egg-info", "__pycache__", "tests", "benchmarks"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "-w", str(wheels), str(source)],
+                   check=True, capture_output=True, timeout=300)
+    wheel = next(wheels.glob("*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(target), str(wheel)], check=True, capture_output=True, timeout=300)
+    check = SCRIPT + "import rls; print(rls.__file__)\n"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    answer, origin = done.stdout.split()
+    assert answer in ("stale", "clean")
+    assert Path(origin).is_relative_to(target)

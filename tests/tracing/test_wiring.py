@@ -82,3 +82,34 @@ def test_a_store_failure_names_its_reason_on_the_store_and_server_spans() -> Non
     assert spans["redis decide"].attributes["rls.failure_reason"] == "store_down"
     assert spans["ShouldRateLimit"].attributes["rls.failure_reason"] == "store_down"
     assert spans["redis decide"].parent.span_id == spans["ShouldRateLimit"].context.span_id
+
+
+def test_a_span_queue_smaller_than_the_default_batch_starts_with_the_batch_cut_to_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OTEL_BSP_MAX_QUEUE_SIZE below the default batch (512) is a valid setting for the
+    reference's Go SDK, which cuts the batch to the queue; the Python SDK raised instead."""
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "100")
+    tracing = Tracing(Settings(tracing_enabled=True), CollectorRegistry(),
+                      Server(Settings()).app.limiter, exporter=InMemorySpanExporter())
+    queue = tracing.processor._queue
+    assert queue is not None and queue.maxlen == 100
+
+
+@pytest.mark.parametrize(("protocol", "variable", "value", "named"), [
+    ("http", "OTEL_BSP_MAX_QUEUE_SIZE", "0", "OTEL_BSP_MAX_QUEUE_SIZE"),
+    ("http", "OTEL_BSP_SCHEDULE_DELAY", "0", "OTEL_BSP_SCHEDULE_DELAY"),
+    ("http", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "-1", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
+    ("grpc", "OTEL_EXPORTER_OTLP_TIMEOUT", "abc", "OTEL_EXPORTER_OTLP_TIMEOUT=abc"),
+    ("grpc", "OTEL_EXPORTER_OTLP_COMPRESSION", "zstd", "OTEL_EXPORTER_OTLP_COMPRESSION"),
+])
+def test_otel_variables_the_exporter_cannot_use_stop_the_start_in_one_line_naming_them(
+    monkeypatch: pytest.MonkeyPatch, protocol: str, variable: str, value: str, named: str
+) -> None:
+    from rls.cli import startup_problem
+
+    monkeypatch.setenv(variable, value)
+    settings = Settings(tracing_enabled=True, tracing_protocol=protocol, allow_empty_config=True)
+    problem = startup_problem(settings)
+    assert problem is not None and named in problem and "\n" not in problem
+    assert startup_problem(Settings(allow_empty_config=True)) is None  # tracing off: not read
