@@ -168,7 +168,7 @@ class Metrics:
             "Backend circuit breaker: 0 closed, 1 open (a probe closes it)",
             ["backend"],
             registry=r,
-            multiprocess_mode="max",
+            multiprocess_mode="livemax",
         )
         self.failure_answers = Counter(
             "rls_failure_mode_answers",
@@ -205,7 +205,7 @@ class Metrics:
             "rls_gc_frozen_objects",
             "Objects moved out of the garbage collector's walk after start-up and reloads",
             registry=r,
-            multiprocess_mode="max",
+            multiprocess_mode="livemax",
         )
         self.loop_lag = Histogram(
             "rls_event_loop_lag_seconds",
@@ -217,7 +217,7 @@ class Metrics:
             "rls_store_ready",
             "1 once the store accepted rls (connections open, scripts loaded), else 0",
             registry=r,
-            multiprocess_mode="min",
+            multiprocess_mode="livemin",
         )
 
     def _engine_families(self, r: CollectorRegistry) -> None:
@@ -254,16 +254,16 @@ class Metrics:
         self.config_error = Gauge(
             "rls_config_last_load_error", "1 while the last load failed, by file", ["file"],
             registry=r,
-            multiprocess_mode="max",
+            multiprocess_mode="livemax",
         )
         self.switch = Gauge(
             "rls_switch", "Runtime switches (1 on; shadow_domains: how many)", ["name"],
             registry=r,
-            multiprocess_mode="max",
+            multiprocess_mode="livemax",
         )
         self.build = Gauge(
             "rls_build_info", "Build information", ["version"], registry=r,
-            multiprocess_mode="max",
+            multiprocess_mode="livemax",
         )
         self.build.labels(__version__).set(1)
 

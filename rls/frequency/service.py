@@ -44,7 +44,8 @@ class CountersMetrics:
         self.hot_answers = Counter(
             "rls_counters_hot_answers", "Gets answered from the hot-key cache", registry=r
         )
-        self.hot_keys = Gauge("rls_counters_hot_keys", "Counters cached as hot now", registry=r)
+        self.hot_keys = Gauge("rls_counters_hot_keys", "Counters cached as hot now", registry=r,
+                              multiprocess_mode="livesum")
         self.invalidations = Counter(
             "rls_counters_invalidations", "Hot-key invalidations received (pub/sub)", registry=r
         )

@@ -87,7 +87,7 @@ class CacheMetrics:
         )
         self.fills = Gauge(
             "rls_cache_fills_in_progress", "Misses whose response is being fetched and stored",
-            registry=r,
+            registry=r, multiprocess_mode="livesum",
         )
         self.lookup_seconds = Histogram(
             "rls_cache_lookup_seconds",
@@ -126,11 +126,11 @@ class CacheMetrics:
         )
         self.write_queue = Gauge(
             "rls_cache_write_queue", "Stores and refreshes queued or running in the writer",
-            registry=r,
+            registry=r, multiprocess_mode="livesum",
         )
         self.write_queue_bytes = Gauge(
             "rls_cache_write_queue_bytes", "Entry bytes held by queued or running stores",
-            registry=r,
+            registry=r, multiprocess_mode="livesum",
         )
         self.stored_bytes = Counter(
             "rls_cache_stored_bytes", "Bytes of entries written to the store", ["api"], registry=r
@@ -146,7 +146,7 @@ class CacheMetrics:
         self.memory_bytes = Gauge(
             "rls_cache_memory_store_bytes",
             "Bytes held by the in-process memory store (keys, values and per-entry overhead)",
-            registry=r,
+            registry=r, multiprocess_mode="livesum",
         )
         self.memory_evictions = Counter(
             "rls_cache_memory_store_evictions",

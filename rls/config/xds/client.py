@@ -74,11 +74,11 @@ class XdsMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.connected = Gauge(
             "rls_xds_connected", "1 while the stream to the xDS management server is open",
-            registry=registry, multiprocess_mode="max",
+            registry=registry, multiprocess_mode="livemax",
         )
         self.version = Gauge(
             "rls_xds_config_version_info", "The xDS version in force (1, label version)",
-            ["version"], registry=registry, multiprocess_mode="max",
+            ["version"], registry=registry, multiprocess_mode="livemax",
         )
         self.acks = Counter("rls_xds_acks", "xDS responses accepted (ACKed)", registry=registry)
         self.nacks = Counter(
