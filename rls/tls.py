@@ -246,6 +246,7 @@ class GrpcTls:
         once (until the files change again) and the one in force stays."""
         try:
             material = load_material(self.settings)
+            self._refuse_expired(material)
         except TlsFileError as exc:
             key = tuple(_peek(getattr(self.settings, name)) for name in FILES)
             if key != self._refused_key:
@@ -266,6 +267,18 @@ class GrpcTls:
                  self.settings.grpc_tls_cert,
                  time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(material.cert_expiry)))
         return True
+
+    def _refuse_expired(self, material: KeyMaterial) -> None:
+        """A renewal that is already expired (a stale file copied in) would make every new
+        handshake fail while the certificate in force still works: refuse it. When the one in
+        force has expired too, the new one is no worse and is taken."""
+        now = time.time()
+        if material.cert_expiry <= now < self.material.cert_expiry:
+            raise TlsFileError(
+                f"{self.settings.grpc_tls_cert}: the new certificate expired at "
+                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(material.cert_expiry))}, "
+                "the one in force has not"
+            )
 
     def directories(self) -> list[str]:
         """The directories holding the files (a Kubernetes Secret's mount point, not the

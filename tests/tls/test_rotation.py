@@ -121,6 +121,20 @@ def test_a_broken_new_pair_is_refused_in_one_log_line_and_the_old_pair_stays(
     assert metric(rls.http_url, RELOADS, result="success") == 1
 
 
+def test_an_already_expired_renewal_is_refused_and_the_valid_pair_stays(
+    rls_factory: Callable[..., Any], pki: Pki, tmp_path: Path
+) -> None:
+    """A stale certificate copied in as the renewal would fail every new handshake while the
+    one in force is still good: it is refused in one line, as a broken pair is."""
+    mount, rls = _serving(rls_factory, pki, tmp_path)
+    stale = pki.ca.issue("server-stale", expired=True)
+    _secret(mount, stale, pki.ca)
+    wait_until(lambda: metric(rls.http_url, RELOADS, result="error") == 1, 10,
+               "the expired renewal refused", log=rls.log)
+    assert presented_certificate(rls.grpc_port, pki.ca.cert, pki.client) == der_of(pki.server.cert)
+    assert rls.log().count("the new certificate expired at 2020-01-02 00:00 UTC") == 1
+
+
 def test_a_new_client_ca_decides_who_new_connections_admit(
     rls_factory: Callable[..., Any], pki: Pki, tmp_path: Path
 ) -> None:
