@@ -237,7 +237,7 @@ class Settings:
         if problem is not None:
             raise SettingError("redis_url", f"{redact(self.redis_url)!r}: {problem}")
         try:
-            self.redis_url = normalize_redis_url(self.redis_url)
+            self.redis_url = normalize_redis_url(self.redis_url, env_with_prefix("REDIS_"))
         except ValueError as exc:
             raise SettingError("redis_url", str(exc)) from None
         for name, schemes in URL_SCHEMES.items():
@@ -390,6 +390,19 @@ MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 def process_env() -> Mapping[str, str]:
     """The whole environment, for a module that translates all of it (rls.reference_env)."""
     return os.environ
+
+
+def env_text(name: str) -> str:
+    """One variable read by a library rather than by a Settings field (OTEL_BSP_*, which rls
+    checks before the OpenTelemetry SDK reads them; GRPC_VERBOSITY, which grpc-core reads),
+    stripped; "" when unset."""
+    return os.environ.get(name, "").strip()
+
+
+def env_with_prefix(prefix: str) -> dict[str, str]:
+    """Every variable whose name starts with `prefix` (OTEL_EXPORTER_OTLP_*, REDIS_*: read
+    whole by what translates them)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(prefix)}
 
 
 def admin_token() -> str | None:

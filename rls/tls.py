@@ -33,7 +33,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from rls.settings import REFERENCE_ENV, REFERENCE_ENV_FALLBACK, Settings, env_source
+from rls.settings import (
+    REFERENCE_ENV,
+    REFERENCE_ENV_FALLBACK,
+    Settings,
+    env_source,
+    env_text,
+)
 from rls.tls_refusals import REASONS, HandshakeLog, guarded
 
 log = logging.getLogger("rls.tls")
@@ -333,7 +339,7 @@ def start_tls(settings: Settings, registry: CollectorRegistry) -> GrpcTls | None
     except TlsFileError as exc:  # changed since cli.startup_problem read them
         raise SystemExit(f"rls: {exc}") from None
     log.info("%s", tls.describe())
-    verbosity = os.environ.get("GRPC_VERBOSITY", "").strip().upper()
+    verbosity = env_text("GRPC_VERBOSITY").upper()
     if verbosity in ("ERROR", "NONE"):  # grpc writes its handshake failures at INFO
         log.warning("GRPC_VERBOSITY=%s: grpc does not log failed handshakes, so clients refused "
                     "in the handshake are not counted (rls_grpc_tls_refused_total stays 0 but "

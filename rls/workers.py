@@ -56,6 +56,7 @@ from rls.settings import (
     SHARED_DIR_ENV,
     SUPERVISOR_FD_ENV,
     WORKER_ENV,
+    process_env,
     shared_dir,
     supervisor_fd,
     worker_drain_budget,
@@ -192,7 +193,7 @@ def _starter(cmd: list[str], env: dict[str, str], watch_read: int) -> Callable[[
 def _worker_env(shared: str, drain_budget: float) -> dict[str, str]:
     """Every worker's environment: the supervisor's own, plus where the shared directory is
     (status, readiness, multiprocess metrics) and how long an orphan may drain."""
-    env = dict(os.environ)
+    env = dict(process_env())
     env[MULTIPROC_DIR_ENV] = shared
     env[SHARED_DIR_ENV] = shared
     env[DRAIN_BUDGET_ENV] = str(drain_budget)

@@ -8,7 +8,6 @@ open). If any step fails, everything started so far is stopped and the work dire
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import sys
@@ -32,6 +31,7 @@ from rls.demo.errors import DemoError
 from rls.demo.paths import default_envoy_config
 from rls.demo.ports import choose_ports
 from rls.demo.processes import Child, Demo, spawn
+from rls.settings import process_env
 
 READY_PATH = "/__demo_ready"  # own counters: the readiness probe never eats a demo quota
 READY_CLIENT = "__demo_ready"  # quota mode: its own bucket and counter
@@ -84,7 +84,7 @@ def _plan(args: argparse.Namespace, config: dict[str, Any]) -> Demo:
 def _start_rls(demo: Demo, args: argparse.Namespace, files: list[Path],
                cache_rules: Path) -> Child:
     """`rls serve` on the memory backend with the descriptor files, up to /healthcheck 200."""
-    env = {k: v for k, v in os.environ.items()
+    env = {k: v for k, v in process_env().items()
            if not k.startswith("RLS_") and k != "REDIS_URL"}  # memory backend, defaults
     cmd = [sys.executable, "-m", "rls", "serve",
            "--grpc-addr", f"127.0.0.1:{demo.grpc}", "--http-addr", f"127.0.0.1:{demo.http}"]

@@ -12,7 +12,6 @@ itself (`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, `_HEADERS`, `_CERTIFICATE`, `_TI
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -40,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from rls.engine.limiter import RateLimiter
 from rls.services import extproc, quota, ratelimit
-from rls.settings import Settings
+from rls.settings import Settings, env_text, env_with_prefix
 from rls.tracing import otlp_compat
 from rls.tracing.spans import Spans
 
@@ -113,7 +112,7 @@ def batch_options(warn: bool = True) -> tuple[int, int, int]:
     reference's Go SDK does (the Python SDK refuses to start)."""
     values: dict[str, int] = {}
     for name, default in BSP_DEFAULTS.items():
-        text = os.environ.get(name, "").strip()
+        text = env_text(name)
         try:
             values[name] = int(text) if text else default
         except ValueError:
@@ -147,8 +146,8 @@ def setup_problem(settings: Settings) -> str | None:
 def _otlp_variables() -> str:
     """The OTEL_EXPORTER_OTLP_* variables set, with their values (headers' withheld: they
     carry credentials)."""
-    given = [f"{k}=…" if "HEADERS" in k else f"{k}={v}" for k, v in sorted(os.environ.items())
-             if k.startswith("OTEL_EXPORTER_OTLP_")]
+    given = [f"{k}=…" if "HEADERS" in k else f"{k}={v}"
+             for k, v in sorted(env_with_prefix("OTEL_EXPORTER_OTLP_").items())]
     return ", ".join(given) or "no OTEL_EXPORTER_OTLP_* variable"
 
 

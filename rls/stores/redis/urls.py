@@ -12,17 +12,18 @@ the setting's name instead of connecting somewhere else or failing ten seconds l
 
 from __future__ import annotations
 
-import os
 import re
+from collections.abc import Mapping
 from urllib.parse import parse_qs, quote, urlsplit
 
 _SCHEME_WITHOUT_SLASHES = re.compile(r"^([a-z][a-z0-9+.-]*):/(?!/)", re.IGNORECASE)
 
 
-def normalize_redis_url(url: str, environ: dict[str, str] | None = None) -> str:
+def normalize_redis_url(url: str, env: Mapping[str, str]) -> str:
+    """`url` with the scheme the reference's REDIS_* variables in `env` describe (read by
+    rls.settings, the one module that reads the environment)."""
     if not url or "://" in url:
         return url
-    env = os.environ if environ is None else environ
     socket_type = env.get("REDIS_SOCKET_TYPE", "unix" if url.startswith("/") else "tcp").lower()
     redis_type = env.get("REDIS_TYPE", "single").lower()
     tls = env.get("REDIS_TLS", "false").lower() in ("1", "true", "yes")
