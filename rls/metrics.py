@@ -13,6 +13,7 @@ more than the rest of a decision.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,6 +40,20 @@ FAILURE_ANSWERS = ("allow", "deny", "fallback")  # what answered a call the stor
 OVERLOAD_ANSWERS = ("unavailable", "resource_exhausted")  # reason overloaded only
 CONFIG_LOAD_RESULTS = ("success", "error")
 MAX_PREPARED_DOMAINS = 1000  # beyond: series appear on first use, as before
+
+# envoyproxy/ratelimit's stat names: `:` and `|` (statsd separators) become `_`, and so do the
+# dots of IPv4 addresses (dots split its statsd path into the mapper's `key1`, `key2` labels).
+_STATSD_UNSAFE = str.maketrans({":": "_", "|": "_"})
+_IPV4 = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}")
+
+
+def stat_label(key: str) -> str:
+    """A stats key as the reference emits it, for the per-limit `key` label: dashboards and the
+    recording rules of docs/metrics.md split it on dots as the reference's mapper does, so an
+    IP-valued detailed metric must stay one level. (The key itself, e.g. in dynamic metadata
+    or the matcher, stays unescaped, as the reference's `Stats.Key` does.)"""
+    return _IPV4.sub(lambda m: m.group().replace(".", "_"), key.translate(_STATSD_UNSAFE))
+
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # halves the /metrics size; *_created series carry nothing useful here
 
@@ -365,17 +380,23 @@ class Metrics:
         found = self._dynamic.get(key)
         if found is not None:
             return found
+        label = stat_label(key)
         pending = self._buffer(
             (
-                self.total_hits.labels(key),
-                self.within.labels(key),
-                self.near.labels(key),
-                self.over.labels(key),
-                self.shadow.labels(key),
+                self.total_hits.labels(label),
+                self.within.labels(label),
+                self.near.labels(label),
+                self.over.labels(label),
+                self.shadow.labels(label),
             )
         )
         self._dynamic[key] = pending
         return pending
+
+    def count_local_cache_over(self, limit: Limit, key: str | None, hits: int) -> None:
+        """An over-limit answer from the local cache, under the same `key` label as the
+        limit's other counters (the detailed key with detailed_metric, as the reference)."""
+        self.local_cache_over.labels(stat_label(key or limit.full_key)).inc(hits)
 
     def record_limit(
         self, limit: Limit, key: str | None, hits: int, used: int, over: bool, shadow: bool

@@ -442,3 +442,27 @@ async def test_unlimited_and_replaced_emit_no_stats():
     assert metric(lim, "total_hits", "lim.free") == 0
     assert metric(lim, "total_hits", "lim.base") == 0
     assert metric(lim, "total_hits", "lim.special") == 1
+
+
+async def test_stats_key_label_is_escaped_like_the_reference_stat_name():
+    """envoyproxy/ratelimit emits `<stats key>.total_hits` with `:` and `|` turned into `_`
+    and the dots of IPv4 addresses too (its statsd names; its mapper then splits on dots into
+    `key1`, `key2`). The `key` label carries that emitted form, so the documented recording
+    rules give an IP-valued detailed metric one `key1`, not four."""
+    config = load_files([("esc.yaml", """
+domain: esc
+descriptors:
+  - key: ip
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: "/a:b|c"
+    rate_limit: {unit: minute, requests_per_unit: 5}
+""")])
+    lim = RateLimiter(lambda: config, MemoryBackend(sweep_interval=0), Settings(), Metrics())
+    await decide(lim, DescriptorIn((("ip", "10.0.0.1"),)), domain="esc")
+    await decide(lim, DescriptorIn((("path", "/a:b|c"),)), domain="esc")
+    lim.metrics.flush()
+    assert metric(lim, "total_hits", "esc.ip_10_0_0_1") == 1
+    assert metric(lim, "total_hits", "esc.path_/a_b_c") == 1
+    assert metric(lim, "total_hits", "esc.ip_10.0.0.1") == 0

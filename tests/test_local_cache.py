@@ -82,3 +82,27 @@ async def test_a_request_of_only_cached_keys_costs_no_round_trip(limiter) -> Non
         "rls_backend_roundtrips_total", {"backend": "redis"}
     )
     assert after == before
+
+
+async def test_local_cache_counter_uses_the_detailed_stats_key(redis_url: str) -> None:
+    """With detailed_metric the reference counts every stat of the limit, the local-cache one
+    included, under the request's detailed key; so does rls."""
+    config = load_files([("dm.yaml", """
+domain: dm
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+""")])
+    backend = RedisBackend(redis_url)
+    await backend.start()
+    try:
+        lim = RateLimiter(lambda: config, backend, Settings(backend_timeout_ms=2000), Metrics())
+        alice = DescriptorIn((("user", "alice"),))
+        for _ in range(3):  # OK, over (decided: now known), over (from the local cache)
+            await lim.should_rate_limit("dm", [alice])
+        assert sample(lim, "rls_limit_over_limit_with_local_cache_total", "dm.user_alice") == 1
+        assert sample(lim, "rls_limit_over_limit_total", "dm.user_alice") == 2
+        assert sample(lim, "rls_limit_over_limit_with_local_cache_total", "dm.user") == 0
+    finally:
+        await backend.close()

@@ -86,7 +86,7 @@ class OverLimitCache:
             0,
             reset_ms,
         )
-        self.metrics.local_cache_over.labels(check.limit.full_key).inc(check.hits)
+        self.metrics.count_local_cache_over(check.limit, check.stats_key, check.hits)
         self.metrics.record_limit(
             check.limit, check.stats_key, check.hits, check.limit.requests_per_unit, True, False
         )
