@@ -65,7 +65,7 @@ FLAGS = {
     "drain_seconds": "then the longest wait for in-flight calls before exiting",
     "max_descriptors": "most descriptors per request",
     "max_entries": "most entries per descriptor",
-    "max_value_bytes": "longest entry key or value",
+    "max_value_bytes": "longest entry key; a longer value is decided by a stand-in",
     "max_request_bytes": "largest request message",
     "response_headers": "add RateLimit-Limit/-Remaining/-Reset/-Policy to responses",
     "json_body": "JSON body on 429 answers (raw_body)",

@@ -129,7 +129,7 @@ class Settings:
     max_descriptors: int = 64
     max_entries: int = 32
     max_value_bytes: int = 1024
-    max_request_bytes: int = 64 * 1024
+    max_request_bytes: int = 1024 * 1024
     response_headers: bool = False  # RateLimit-* headers in response_headers_to_add
     json_body: bool = False  # JSON body (raw_body) on OVER_LIMIT answers
     dynamic_metadata: bool = False  # decision details as dynamic metadata for access logs

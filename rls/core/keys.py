@@ -23,6 +23,8 @@ import re
 from collections.abc import Callable, Sequence
 
 MAX_PLAIN = 200
+LONG_VALUE_MARK = "...#"  # joins a long request value's head and its digest
+_LONG_VALUE_DIGEST_CHARS = 32  # blake2b-128, hex
 DOMAIN_HEAD = 40  # bytes of the domain kept readable in a hashed key
 _SPECIAL = re.compile(r"[%|#{}]")
 _ESCAPES = {"%": "%25", "|": "%7C", "#": "%23", "{": "%7B", "}": "%7D"}
@@ -83,3 +85,16 @@ def counter_key(
     tag = base64.urlsafe_b64encode(long_digest).rstrip(b"=").decode()
     head = escape(domain).encode()[:DOMAIN_HEAD].decode("utf-8", "ignore")
     return f"{prefix}{head}|#{tag}|{ident}"
+
+
+def long_value_stand_in(value: str, max_chars: int) -> str:
+    """A request value longer than --max-value-bytes, as rls matches and counts it: its head
+    (so prefix wildcards under that length still match), then a 128-bit digest of the whole
+    (so distinct long values keep distinct counters and equal ones share one).
+
+    Rejecting such a value would make Envoy, which by default lets a request through when the
+    rate-limit call fails, pass it unlimited: padding a `:path` would bypass a per-path limit.
+    The stand-in bounds what a call costs (matching, metrics labels, keys) all the same."""
+    head = max(max_chars - len(LONG_VALUE_MARK) - _LONG_VALUE_DIGEST_CHARS, 0)
+    digest = hashlib.blake2b(value.encode(errors="surrogatepass"), digest_size=16).hexdigest()
+    return f"{value[:head]}{LONG_VALUE_MARK}{digest}"

@@ -9,6 +9,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import unknown_fields
 
 from rls.config.model import MAX_WINDOW_SECONDS, UNIT_SECONDS, Unit
+from rls.core.keys import long_value_stand_in
 from rls.engine.limiter import OK, Decision, DescriptorIn, InvalidRequest
 from rls.settings import Settings
 
@@ -68,8 +69,10 @@ def to_descriptors(
             value = entry.value
             if not key:
                 raise InvalidRequest(f"descriptor {i}: entry key must not be empty")
-            if _too_long(key, max_len) or _too_long(value, max_len):
-                raise InvalidRequest(f"descriptor {i}: entry longer than {max_len} bytes")
+            if _too_long(key, max_len):  # keys come from Envoy's config, not from callers
+                raise InvalidRequest(f"descriptor {i}: entry key longer than {max_len} bytes")
+            if _too_long(value, max_len):
+                value = long_value_stand_in(value, max_len)
             pairs.append((key, value))
         hits = None
         if desc.HasField("hits_addend"):

@@ -69,8 +69,8 @@ def test_limits_are_honoured_exactly(server, raw, shape):
         violations.append("too many descriptors")
     if any(n > MAX_ENTRIES for n, _, _ in shape):
         violations.append("too many entries")
-    if any(k > MAX_VALUE or v > MAX_VALUE for _, k, v in shape):
-        violations.append("longer than")
+    if any(k > MAX_VALUE for _, k, _ in shape):  # a long value is decided (by a stand-in)
+        violations.append("key longer than")
     assert len(data) <= MAX_REQUEST
     before = guard_used(server)
     outcome = call(raw, data)
