@@ -26,7 +26,7 @@ from rls.cli_flags import add_serve_flags
 from rls.cli_flags import settings_from as _settings_from
 from rls.cli_hints import parse_args
 from rls.config.errors import ConfigError
-from rls.config.loader import load_paths
+from rls.config.loader import load_paths, missing_reason
 from rls.config.reload import check_config_command, problems_line
 from rls.event_loop import loop_factory
 from rls.logging_setup import setup_logging
@@ -136,7 +136,7 @@ def startup_problem(settings: Settings) -> str | None:
         )
     for path in settings.config:
         if not os.path.exists(path):
-            return f"--config: {path}: no such file or directory"
+            return f"--config: {path}: {missing_reason(path)}"
     if settings.strict:
         for warning in empty_directories(settings.config):
             return f"--config: {warning.file}: {warning.message} (--strict)"
