@@ -120,7 +120,8 @@ def startup_problem(settings: Settings) -> str | None:
     --config, a missing path or (with --strict) an empty directory stops it here.
     """
     if settings.cache_config and not os.path.isfile(settings.cache_config):
-        return f"--cache-config: {settings.cache_config}: no such file"
+        what = "not a regular file" if os.path.exists(settings.cache_config) else "no such file"
+        return f"--cache-config: {settings.cache_config}: {what}"
     tls_problem = tls_startup_problem(settings)
     if tls_problem is not None:
         return tls_problem

@@ -300,7 +300,8 @@ def _check_readable(name: str, path: str) -> None:
     if not path:
         return
     if not os.path.isfile(path):
-        raise SettingError(name, f"{path}: no such file")
+        what = "not a regular file" if os.path.exists(path) else "no such file"
+        raise SettingError(name, f"{path}: {what}")
     try:
         with open(path, "rb") as handle:
             handle.read(1)

@@ -66,3 +66,13 @@ def test_serve_with_a_hostile_counters_config_exits_1_with_one_line(
     assert "Traceback" not in done.stderr
     last = [line for line in done.stderr.splitlines() if line.strip()][-1]
     assert last.startswith(f"rls: {path}: ") and says in last
+
+
+def test_serve_with_a_fifo_as_cache_config_says_not_a_regular_file(tmp_path: Path) -> None:
+    """It said "no such file" of a path `ls` lists."""
+    path = hostile(tmp_path, "fifo")
+    done = rls("serve", "--config", str(ROOT / "config"), "--cache-config", str(path),
+               "--grpc-addr", f"127.0.0.1:{free_port()}",
+               "--http-addr", f"127.0.0.1:{free_port()}", timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"rls: --cache-config: {path}: not a regular file"
