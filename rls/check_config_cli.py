@@ -113,7 +113,8 @@ def check_config(paths: Sequence[str], merge_domains: bool, strict: bool = False
     except ConfigError as exc:
         print(exc.detail(), file=sys.stderr)
         return 1
-    names += [*cache_paths, *counters_paths]
+    # A file named by a flag and also found in a directory is checked (and counted) once.
+    names = list(dict.fromkeys([*names, *cache_paths, *counters_paths]))
     counters = 0
     for name in names:
         try:

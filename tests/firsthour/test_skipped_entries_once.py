@@ -48,3 +48,11 @@ def test_serve_logs_each_skipped_entry_once_at_start(tmp_path: Path) -> None:
                "--http-addr", f"127.0.0.1:{free_port()}", timeout=60)
     assert done.returncode == 1, done.stderr  # the bad file stops start-up after the walk
     assert len(skip_lines(done.stderr)) == 3, done.stderr
+
+
+def test_cache_file_named_and_inside_a_directory_is_checked_once() -> None:
+    """`check-config config/ --cache-config config/cache.yaml` said 3 cache rules files."""
+    done = rls("check-config", "config/", "--cache-config", "config/cache.yaml", timeout=60)
+    assert done.returncode == 0, done.stderr
+    cache_files = len(list((ROOT / "config").glob("cache*.yaml")))
+    assert f"{cache_files} cache rules file(s)" in done.stdout, done.stdout
