@@ -58,10 +58,15 @@ def add_parser(sub: Any) -> None:
     )
 
 
+def _quiet(_message: str) -> None:
+    """For the extra walks of a directory: discover() already reports each skipped entry."""
+
+
 def cache_files_in(paths: Sequence[str]) -> list[str]:
     """Cache rule files inside the given directories (discover() leaves them out)."""
     return [
-        f for p in paths if os.path.isdir(p) for f in yaml_files_under(p) if is_cache_file(f)
+        f for p in paths if os.path.isdir(p)
+        for f in yaml_files_under(p, _quiet) if is_cache_file(f)
     ]
 
 
@@ -70,7 +75,7 @@ def empty_directories(paths: Sequence[str]) -> list[ConfigWarning]:
     return [
         ConfigWarning(p, "directory has no descriptor files (*.yaml, *.yml)")
         for p in paths
-        if os.path.isdir(p) and not yaml_files_under(p)
+        if os.path.isdir(p) and not yaml_files_under(p, _quiet)
     ]
 
 
@@ -108,7 +113,8 @@ def check_config(paths: Sequence[str], merge_domains: bool, strict: bool = False
     except ConfigError as exc:
         print(exc.detail(), file=sys.stderr)
         return 1
-    names += [*cache_paths, *counters_paths]
+    # A file named by a flag and also found in a directory is checked (and counted) once.
+    names = list(dict.fromkeys([*names, *cache_paths, *counters_paths]))
     counters = 0
     for name in names:
         try:

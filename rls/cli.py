@@ -26,7 +26,7 @@ from rls.cli_flags import add_serve_flags
 from rls.cli_flags import settings_from as _settings_from
 from rls.cli_hints import parse_args
 from rls.config.errors import ConfigError
-from rls.config.loader import load_paths
+from rls.config.loader import load_paths, missing_reason
 from rls.config.reload import check_config_command, problems_line
 from rls.event_loop import loop_factory
 from rls.logging_setup import setup_logging
@@ -120,7 +120,8 @@ def startup_problem(settings: Settings) -> str | None:
     --config, a missing path or (with --strict) an empty directory stops it here.
     """
     if settings.cache_config and not os.path.isfile(settings.cache_config):
-        return f"--cache-config: {settings.cache_config}: no such file"
+        what = "not a regular file" if os.path.exists(settings.cache_config) else "no such file"
+        return f"--cache-config: {settings.cache_config}: {what}"
     tls_problem = tls_startup_problem(settings)
     if tls_problem is not None:
         return tls_problem
@@ -136,7 +137,7 @@ def startup_problem(settings: Settings) -> str | None:
         )
     for path in settings.config:
         if not os.path.exists(path):
-            return f"--config: {path}: no such file or directory"
+            return f"--config: {path}: {missing_reason(path)}"
     if settings.strict:
         for warning in empty_directories(settings.config):
             return f"--config: {warning.file}: {warning.message} (--strict)"

@@ -59,6 +59,22 @@ MINIMUM: dict[str, float] = {
     "xds_backoff_random_factor": 0,
     "xds_max_msg_bytes": 0,
 }
+# Upper bounds, checked by Settings.validate like MINIMUM: a huge value is a typo, and past a
+# C int grpc's channel arguments overflow (a traceback), a socket timeout or a sleep overflows
+# (a probe thread that never returns, so SIGTERM hangs) and `--workers` allocates a slot per
+# worker before starting any. Settings of MINIMUM not named here are capped at INT32_MAX.
+INT32_MAX = 2**31 - 1
+MAXIMUM: dict[str, float] = {
+    "workers": 1024,
+    "memory_max_bytes": 1 << 50,
+    "decision_log_max_bytes": 1 << 50,
+    "max_request_bytes": 256 << 20,  # grpc's own ceiling is 4 x this + 64 KiB, a C int
+    "reload_interval": 86400,
+    "drain_seconds": 86400,
+    "xds_connect_retry_interval": 86400,
+    "xds_backoff_initial": 86400,
+    "xds_backoff_max": 86400,
+}
 # Settings given as durations: seconds, or Go's forms (`10s`, `1m30s`, `500ms`), as the
 # reference's variables are written (rls.value_forms.parse_duration).
 DURATIONS = frozenset(

@@ -9,13 +9,14 @@ the others (RLS_ADMIN_TOKEN, RLS_QUOTA_*, the `--workers` protocol) by the funct
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from rls.event_loop import uvloop_installed
 from rls.setting_rules import CHOICES as CHOICES  # callers and tests read the rules here too
-from rls.setting_rules import GRPC_ADDRS, MINIMUM, URL_SCHEMES
+from rls.setting_rules import GRPC_ADDRS, INT32_MAX, MAXIMUM, MINIMUM, URL_SCHEMES
 from rls.setting_rules import LOG_LEVEL_ALIASES as LOG_LEVEL_ALIASES
 from rls.stores.memory import DEFAULT_MAX_BYTES
 from rls.stores.redis.urls import bare_url_problem, normalize_redis_url, redact, url_problem
@@ -214,8 +215,7 @@ class Settings:
         if self.loop == "uvloop" and not uvloop_installed():
             raise SettingError("loop", "uvloop is not installed (pip install uvloop)")
         for name, low in MINIMUM.items():
-            if getattr(self, name) < low:
-                raise SettingError(name, f"{getattr(self, name)!r} is below the minimum {low}")
+            _check_range(name, getattr(self, name), low, MAXIMUM.get(name, INT32_MAX))
         for name in (
             "fallback_share", "near_limit_ratio", "decision_log_sample", "tracing_sampling_rate"
         ):
@@ -284,13 +284,24 @@ class Settings:
             )
 
 
+def _check_range(name: str, value: float, low: float, high: float) -> None:
+    """`nan` compares false with everything, so it is named before the bounds are."""
+    if not math.isfinite(value):
+        raise SettingError(name, f"{value!r} is not a finite number")
+    if value < low:
+        raise SettingError(name, f"{value!r} is below the minimum {low}")
+    if value > high:
+        raise SettingError(name, f"{value!r} is above the maximum {high}")
+
+
 def _check_readable(name: str, path: str) -> None:
     """A file setting names a file this process can read (else rls would fail at its first
     TLS handshake, with an error naming no setting)."""
     if not path:
         return
     if not os.path.isfile(path):
-        raise SettingError(name, f"{path}: no such file")
+        what = "not a regular file" if os.path.exists(path) else "no such file"
+        raise SettingError(name, f"{path}: {what}")
     try:
         with open(path, "rb") as handle:
             handle.read(1)

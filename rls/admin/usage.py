@@ -9,8 +9,10 @@ descriptor values, in the order of a configured `calls` (or `distinct.per`) key 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 from aiohttp import web
+from multidict import MultiMapping
 
 from rls.core.usage import calls_key, day_of, distinct_key
 
@@ -28,6 +30,9 @@ async def usage(request: web.Request) -> web.Response:
             {"error": f"domain '{domain}' has no usage_stats configured"}, status=404
         )
     stats = dom.usage
+    problem = _query_problem(query)
+    if problem is not None:
+        return web.json_response({"error": problem}, status=400)
     day = query.get("day") or day_of(int(time.time() * 1000), stats.timezone)
     values = {k: v for k, v in query.items() if k not in RESERVED}
     prefix = state.service.settings.key_prefix
@@ -54,6 +59,23 @@ async def usage(request: web.Request) -> web.Response:
         {"error": f"no calls statistic for keys {sorted(values)}; configured: {configured}"},
         status=404,
     )
+
+
+def _query_problem(query: MultiMapping[str]) -> str | None:
+    """Why the query cannot be answered: a malformed day would answer 0 calls as if the day had
+    had no traffic, and a repeated parameter would answer for one of its values silently."""
+    for name in query:
+        if len(query.getall(name)) > 1:
+            return f"query parameter {name!r} is given more than once"
+    day = query.get("day")
+    if day:
+        try:
+            ok = len(day) == 8 and day.isdigit() and bool(datetime.strptime(day, "%Y%m%d"))
+        except ValueError:
+            ok = False
+        if not ok:
+            return f"day must be a date as YYYYMMDD, not {day!r}"
+    return None
 
 
 def add_usage_routes(app: web.Application) -> None:

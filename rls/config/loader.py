@@ -143,8 +143,20 @@ def _sources(paths: Iterable[str], warn: Warn) -> list[tuple[str, bool]]:
         elif path.exists():
             out.append((str(path), False))
         else:
-            raise ConfigError(str(path), "no such file or directory")
+            raise ConfigError(str(path), missing_reason(raw))
     return out
+
+
+def missing_reason(path: str) -> str:
+    """Why a `--config` path cannot be opened: a link that loops or points nowhere says so and
+    where it points, since the path itself is there (`ls` shows it)."""
+    if not os.path.islink(path):
+        return "no such file or directory"
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return f"a symbolic link to {os.readlink(path)}: {(exc.strerror or 'unreadable').lower()}"
+    return "no such file or directory"
 
 
 def config_files(paths: Iterable[str]) -> list[str]:

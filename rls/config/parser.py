@@ -101,6 +101,12 @@ def check_keys(
         root = obj["domain"]
     report = problems.add if problems is not None else _raise
     _KeyWalk(file, warnings, report).keys(obj, root, line_of(obj), False)
+    second = getattr(obj, "next_document_line", None)
+    if warnings is not None and second is not None:
+        warnings.append(ConfigWarning(
+            file, "a second YAML document (after ---) is ignored: only the first is read, as "
+            "by envoyproxy/ratelimit; give each domain a file of its own", second,
+        ))
 
 
 def _raise(error: ConfigError) -> None:

@@ -53,6 +53,7 @@ class YamlMap(dict):  # type: ignore[type-arg]
     """
 
     line: int = 0
+    next_document_line: int | None = None  # a second document follows (`---`), ignored
     key_lines: dict[Any, int]
     duplicates: list[tuple[Any, int]]
 
@@ -224,7 +225,10 @@ def parse_yaml(file: str, text: str, budget: YamlBudget = DEFAULT_BUDGET) -> Any
         if node is None:
             return None
         _expanded_size(node, budget)
-        return loader.construct_document(node)
+        doc = loader.construct_document(node)
+        if isinstance(doc, YamlMap):
+            doc.next_document_line = _next_document_line(loader, text)
+        return doc
     except _BudgetError as exc:
         raise ConfigError(
             file, f"error loading config file: yaml: line {exc.line}: {exc.message}"
@@ -245,6 +249,21 @@ def parse_yaml(file: str, text: str, budget: YamlBudget = DEFAULT_BUDGET) -> Any
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def _next_document_line(loader: yaml.SafeLoader, text: str) -> int | None:
+    """Line of a second, non-empty document's start, if any: the reference ignores it silently,
+    so the parser warns. Only its first event is read; whatever follows it is never parsed."""
+    try:
+        if not loader.check_node():
+            return None
+        mark = loader.peek_event().start_mark  # type: ignore[no-untyped-call]
+    except yaml.YAMLError:
+        return None
+    rest = text[mark.index:].lstrip().removeprefix("---")
+    if all(not line.strip() or line.lstrip().startswith("#") for line in rest.splitlines()):
+        return None  # a trailing `---`: an empty document
+    return int(mark.line) + 1
 
 
 def _yaml_error(exc: yaml.YAMLError) -> str:

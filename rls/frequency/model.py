@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import MINYEAR, date
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 
+from rls.config.errors import ConfigError
+from rls.config.loader import read_text
 from rls.config.model import Unit
+from rls.config.yaml_source import parse_yaml
 from rls.core.keys import KEY_HASHES as _DIGESTS
 from rls.core.keys import digest, key_hash_problem
 from rls.core.limits import WINDOW_ROLLING
@@ -117,9 +119,13 @@ def is_counters_doc(doc: Any) -> bool:
 
 def load_config(path: str) -> CountersConfig:
     """Read and check the counters YAML; raises ValueError with `file: message`."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
+    try:  # regular files only, within the descriptor loader's size, node and depth budgets
+        text = read_text(path)
+        parse_yaml(path, text)
+        raw = yaml.safe_load(text) or {}
+    except ConfigError as exc:
+        raise ValueError(exc.detail(" | ")) from None
+    except yaml.YAMLError as exc:
         raise ValueError(f"{path}: {exc}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: must be a mapping")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,6 +30,7 @@ from rls.engine.top import descriptor_text
 
 SHAPES_MAX = 200_000  # distinct request shapes remembered (cleared when full)
 MAX_LINE = 1 << 20  # longer lines are bad lines (and are not kept)
+MAX_TS_MS = 253402300799999  # the last ms of year 9999: what the report's RFC 3339 can show
 EXAMPLES = 5  # line numbers kept per bad-line reason
 
 
@@ -154,6 +156,8 @@ class LogReader:
                     # rls's decision log (`ts` then `code`): the parse is memoised. An access
                     # log line may start with `ts` (and `code`) too; it takes the general path.
                     ts = int(raw[6:comma])
+                    if not 0 <= ts <= MAX_TS_MS:
+                        raise BadLine("timestamp out of range")
                     seen = lines.get(raw[comma:])  # the line but its time: (code, request)
                     if seen is None:
                         seen = self._decision_line(raw, comma)
@@ -185,6 +189,8 @@ def _json(text: str) -> dict[str, Any]:
         obj = json.loads(text)
     except ValueError:
         raise BadLine("not JSON (or cut short)") from None
+    except RecursionError:  # `[[[[…` within MAX_LINE
+        raise BadLine("JSON nested too deep") from None
     if not isinstance(obj, dict):
         raise BadLine("not a JSON object")
     return obj
@@ -207,6 +213,15 @@ def _envoy(obj: dict[str, Any]) -> tuple[int, str | None, Shape] | None:
 
 
 def _timestamp(obj: dict[str, Any]) -> int:
+    """The line's time in ms; a time that is no number (1e400 parses as inf) or past year
+    9999 is a bad line, not a traceback that ends the replay."""
+    ts = _raw_timestamp(obj)
+    if not 0 <= ts <= MAX_TS_MS:
+        raise BadLine("timestamp out of range")
+    return ts
+
+
+def _raw_timestamp(obj: dict[str, Any]) -> int:
     for name in ("ts", "start_time", "timestamp", "time"):
         value = obj.get(name)
         if value is None:
@@ -216,7 +231,10 @@ def _timestamp(obj: dict[str, Any]) -> int:
         if isinstance(value, (int, float)) or (
             isinstance(value, str) and value.replace(".", "", 1).isdigit()
         ):
-            return round(float(value) * 1000)  # seconds since the epoch
+            seconds = float(value)
+            if not math.isfinite(seconds):
+                raise BadLine(f"unreadable {name}")
+            return round(seconds * 1000)  # seconds since the epoch
         if isinstance(value, str):
             try:
                 return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

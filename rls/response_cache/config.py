@@ -163,11 +163,12 @@ class CacheConfig:
 
 def load_cache_config(path: str) -> CacheConfig:
     """Read and validate a cache rules file; raises ConfigError (`file: message`)."""
+    # Regular files only, at most the loader's size: a FIFO blocked here, /dev/zero never ended.
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(path, f"cannot read cache config: {exc}") from None
+        text = read_text(path)
+    except ConfigError as exc:
+        reason = exc.message.removeprefix("error loading config file: ")
+        raise ConfigError(path, f"cannot read cache config: {reason}") from None
     return parse_cache_config(path, text)
 
 
@@ -190,6 +191,13 @@ def is_cache_file(path: str) -> bool:
 
 
 def parse_cache_config(file: str, text: str) -> CacheConfig:
+    # The descriptor loader's node, alias and depth budgets first (a YAML bomb or `[[[…` was a
+    # hang or a RecursionError traceback); its scalars differ, so safe_load builds the rules.
+    try:
+        parse_yaml(file, text)
+    except ConfigError as exc:
+        message = exc.message.replace("error loading config file", "error loading cache config")
+        raise ConfigError(file, message, line=exc.line, column=exc.column) from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -222,3 +222,20 @@ def test_serve_logs_a_misindented_limit_and_strict_refuses_it(rls_factory, tmp_p
     strict = rls(*serve_args(), "--config", str(bad), "--strict", timeout=30)
     assert strict.returncode == 1
     assert f"at {bad}:" in strict.stderr
+
+
+def test_config_path_that_is_a_looping_or_dangling_link_says_so(tmp_path: Path) -> None:
+    """Such a path is there (`ls` lists it), so "no such file or directory" misled."""
+    loop = tmp_path / "loop.yaml"
+    loop.symlink_to("loop.yaml")
+    dangling = tmp_path / "dangling.yaml"
+    dangling.symlink_to(tmp_path / "gone.yaml")
+    for path, says in ((loop, "too many levels of symbolic links"),
+                       (dangling, "no such file or directory")):
+        done = rls(*serve_args(), "--config", str(path), timeout=30)
+        assert done.returncode == 2
+        assert one_line(done.stderr) == (
+            f"rls: --config: {path}: a symbolic link to {path.readlink()}: {says}")
+        check = rls("check-config", str(path), timeout=30)
+        assert check.returncode == 1
+        assert f"{path}: a symbolic link to {path.readlink()}: {says}" in check.stderr

@@ -105,6 +105,24 @@ def test_usage_query_errors(srv):
 
 
 @pytest.mark.parametrize("srv", ["memory"], indirect=True)
+@pytest.mark.parametrize("day", ["2026-99", "99999999", "20260230", "today", "2026112"])
+def test_usage_day_that_is_no_date_is_400_naming_the_format(srv, day):
+    """A malformed `day` used to answer 200 with calls 0, as if the day had no traffic."""
+    for extra in ({}, {"distinct": "user"}):
+        status, payload = usage(srv, domain="usage", app="a", day=day, **extra)
+        assert status == 400, (day, payload)
+        assert "YYYYMMDD" in payload["error"] and repr(day) in payload["error"]
+
+
+@pytest.mark.parametrize("srv", ["memory"], indirect=True)
+def test_usage_parameter_given_twice_is_400_naming_it(srv):
+    """`app=42&app=43` used to answer for the last value silently."""
+    status, payload = http(srv.http_url, "GET", "/usage?domain=usage&app=42&app=43")
+    assert status == 400, payload
+    assert "'app'" in payload["error"]
+
+
+@pytest.mark.parametrize("srv", ["memory"], indirect=True)
 def test_usage_cli(srv):
     app = uid("app-")
     with Grpc(srv.grpc_addr) as client:

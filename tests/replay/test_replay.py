@@ -112,6 +112,30 @@ def test_bad_and_partial_lines_are_counted_and_skipped_never_fatal(tmp_path: Pat
     assert report["skipped_lines"] == 2  # no descriptors, no rate-limit data
 
 
+def test_infinite_far_or_deeply_nested_lines_are_bad_lines_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """`"ts": 1e400` (inf), a decision-log `ts` past year 9999 and `[[[…` used to end the
+    replay with OverflowError / RecursionError; they are bad lines like the others."""
+    good = decision_log(tmp_path / "d.jsonl", TRAFFIC).read_bytes().splitlines(keepends=True)
+    request = b'"domain":"app","descriptors":[{"entries":[["user","x"]]}]'
+    log = tmp_path / "hostile.jsonl"
+    log.write_bytes(
+        b"".join(good)
+        + b'{"ts":1e400,' + request + b"}\n"
+        + b'{"start_time":1e400,"ratelimit":{' + request + b"}}\n"
+        + b'{"ts":99999999999999999999999,"code":"OK",' + request + b"}\n"
+        + b'{"ts":-5,"code":"OK",' + request + b"}\n"
+        + b"[" * 50_000 + b"\n"
+    )
+    status, report = replay(tmp_path, log)
+    assert status == 0 and report["requests"] == len(TRAFFIC)
+    assert report["bad_lines"]["by_reason"] == {
+        "unreadable ts": 1, "unreadable start_time": 1, "timestamp out of range": 2,
+        "JSON nested too deep": 1,
+    }
+
+
 def test_a_gzipped_log_is_read_as_a_stream(tmp_path: Path) -> None:
     plain = decision_log(tmp_path / "d.jsonl", TRAFFIC)
     packed = tmp_path / "d.jsonl.gz"
