@@ -5,6 +5,8 @@ Kept apart from the servicer so the admin `/json` endpoint runs the exact same c
 
 from __future__ import annotations
 
+from typing import Any
+
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf import unknown_fields
 
@@ -26,6 +28,23 @@ def _too_long(text: str, max_bytes: int) -> bool:
     if n * 4 <= max_bytes:
         return False
     return n > max_bytes or len(text.encode()) > max_bytes
+
+
+def _pairs(i: int, entries: Any, max_len: int) -> tuple[tuple[str, str], ...]:
+    """Descriptor `i`'s entries as (key, value) pairs: an empty or over-long key is refused
+    (keys come from Envoy's config, not from callers); an over-long value is decided by its
+    stand-in (rls/core/keys.py)."""
+    pairs = []
+    for entry in entries:
+        key, value = entry.key, entry.value
+        if not key:
+            raise InvalidRequest(f"descriptor {i}: entry key must not be empty")
+        if _too_long(key, max_len):
+            raise InvalidRequest(f"descriptor {i}: entry key longer than {max_len} bytes")
+        if _too_long(value, max_len):
+            value = long_value_stand_in(value, max_len)
+        pairs.append((key, value))
+    return tuple(pairs)
 
 
 def _unknown_varint(message: object, number: int) -> int | None:
@@ -63,17 +82,7 @@ def to_descriptors(
             raise InvalidRequest(
                 f"descriptor {i}: too many entries: {len(entries)} > {settings.max_entries}"
             )
-        pairs = []
-        for entry in entries:
-            key = entry.key
-            value = entry.value
-            if not key:
-                raise InvalidRequest(f"descriptor {i}: entry key must not be empty")
-            if _too_long(key, max_len):  # keys come from Envoy's config, not from callers
-                raise InvalidRequest(f"descriptor {i}: entry key longer than {max_len} bytes")
-            if _too_long(value, max_len):
-                value = long_value_stand_in(value, max_len)
-            pairs.append((key, value))
+        pairs = _pairs(i, entries, max_len)
         hits = None
         if desc.HasField("hits_addend"):
             hits = desc.hits_addend.value
@@ -93,7 +102,7 @@ def to_descriptors(
                     f"descriptor {i}: limit override window longer than 100 years"
                 )
         negative = maybe_negative and bool(_unknown_varint(desc, IS_NEGATIVE_HITS))
-        out.append(DescriptorIn(tuple(pairs), hits, negative, override))
+        out.append(DescriptorIn(pairs, hits, negative, override))
     if request.hits_addend > MAX_HITS:
         raise InvalidRequest(f"hits_addend {request.hits_addend} is too large")
     return out
