@@ -230,6 +230,12 @@ class QuotaStream:
     async def handle(self, message: rlqs_pb2.RateLimitQuotaUsageReports) -> None:
         """Answer one usage report (every bucket in it) with one response (or several)."""
         self.metrics.reports.inc()
+        if message.domain and self.domain and message.domain != self.domain:
+            # Envoy opens one stream per domain; this stream's buckets are matched, charged
+            # and left to the next stream under its first domain only.
+            self._invalid("RLQS report for domain %r on a stream of domain %r ignored",
+                          message.domain, self.domain)
+            return
         if message.domain:
             self.domain = message.domain
         if not self.domain:

@@ -83,6 +83,20 @@ def test_new_limited_bucket_gets_a_blanket_rule_then_a_full_token_bucket_at_once
     assert dict(second.bucket_id.bucket) == {"client": "a"}
 
 
+def test_a_report_naming_another_domain_on_the_same_stream_is_ignored() -> None:
+    """A stream's buckets are matched under its first domain and kept (charged, left to the
+    next stream) under the stream's domain: a report switching domains was answered and
+    charged under the first domain's limits while the stream took the new domain's name."""
+    stream = QuotaStream(service().context)
+    answer(stream, report(({"client": "a"}, 1, 0)))
+    other = report(({"client": "a"}, 1, 0))
+    other.domain = "elsewhere"
+    asyncio.run(stream.handle(other))
+    assert not stream._out
+    assert stream.domain == "q"
+    assert stream.metrics.errors.labels("invalid")._value.get() == 1
+
+
 def test_spent_bucket_is_denied_until_the_window_resets() -> None:
     stream = QuotaStream(service().context)
     (action,) = answer(stream, report(({"client": "a"}, 4, 0)))
