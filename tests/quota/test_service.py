@@ -97,6 +97,20 @@ def test_a_report_naming_another_domain_on_the_same_stream_is_ignored() -> None:
     assert stream.metrics.errors.labels("invalid")._value.get() == 1
 
 
+def test_a_counter_the_store_lost_is_not_dealt_beyond_the_limit() -> None:
+    """A counter gone from the store (Redis restarted without its data, flushed, or evicted
+    by --memory-max-bytes) took the stream's reservation with it; counted as still held, it
+    was dealt again on top of the fresh room: 4 per window granted 6 at once (17 for 10/min
+    on a Redis that was flushed)."""
+    svc = service()
+    stream = QuotaStream(svc.context)
+    answer(stream, report(({"client": "a"}, 1, 0)))  # 3 tokens reserved
+    svc.dealer.backend._data.clear()  # type: ignore[attr-defined]
+    *_, action = answer(stream, report(({"client": "a"}, 1, 20), elapsed=5))
+    # The window's count is gone (as for ShouldRateLimit); the grant is at most the limit.
+    assert action.quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens <= 4
+
+
 def test_spent_bucket_is_denied_until_the_window_resets() -> None:
     stream = QuotaStream(service().context)
     (action,) = answer(stream, report(({"client": "a"}, 4, 0)))
