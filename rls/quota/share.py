@@ -226,6 +226,9 @@ class Dealer:
             if ledger.end_ms and end > ledger.end_ms + WINDOW_TOLERANCE_MS:
                 held = 0  # the reservation was charged in a window that has ended
                 ledger.mine = 0
+            if held > out.used:  # the counter lost it (store restarted or flushed, evicted)
+                held = out.used
+                ledger.mine = min(ledger.mine, out.used)
             ledger.reserved, ledger.end_ms, ledger.old_left = held, end, 0
             ledger.observe(out.used, now)
             ledger.mine += check.hits

@@ -80,6 +80,7 @@ class QuotaStream:
         self._ended = asyncio.Event()
         self.status: AbortStatus | None = None
         self.warned_id = False
+        self.warned_invalid = False  # one log line per stream for garbage, however much
         self._finishing = False  # draining: no report is answered any more
 
     @property
@@ -161,8 +162,7 @@ class QuotaStream:
                 try:
                     message = rlqs_pb2.RateLimitQuotaUsageReports.FromString(data)
                 except DecodeError as exc:
-                    self.metrics.errors.labels("invalid").inc()
-                    log.info("malformed RateLimitQuotaUsageReports ignored: %s", exc)
+                    self._invalid("malformed RateLimitQuotaUsageReports ignored: %s", exc)
                     continue
                 del data
                 await self.handle(message)
@@ -180,6 +180,15 @@ class QuotaStream:
             await write(data)
             self._out.taken()
         self.end()  # the client ended its side and every answer went out
+
+    def _invalid(self, what: str, *args: object) -> None:
+        """A message rls ignores: counted each time, logged once per stream (a client sending
+        garbage as fast as it can would otherwise write a log line per message)."""
+        self.metrics.errors.labels("invalid").inc()
+        if not self.warned_invalid:
+            self.warned_invalid = True
+            log.info(what + " (further ones on this stream: rls_quota_errors_total"
+                     "{reason=\"invalid\"} only)", *args)
 
     def send(self, data: bytes) -> None:
         self._out.put(data)
@@ -221,11 +230,16 @@ class QuotaStream:
     async def handle(self, message: rlqs_pb2.RateLimitQuotaUsageReports) -> None:
         """Answer one usage report (every bucket in it) with one response (or several)."""
         self.metrics.reports.inc()
+        if message.domain and self.domain and message.domain != self.domain:
+            # Envoy opens one stream per domain; this stream's buckets are matched, charged
+            # and left to the next stream under its first domain only.
+            self._invalid("RLQS report for domain %r on a stream of domain %r ignored",
+                          message.domain, self.domain)
+            return
         if message.domain:
             self.domain = message.domain
         if not self.domain:
-            self.metrics.errors.labels("invalid").inc()
-            log.info("RLQS report without a domain ignored")
+            self._invalid("RLQS report without a domain ignored")
             return
         answer = Answer(self.send)
         async with self._lock:

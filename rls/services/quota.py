@@ -22,6 +22,7 @@ new streams (UNAVAILABLE), so Envoy's next report goes to a live process, which 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -41,6 +42,8 @@ from rls.quota.stream import AbortStatus, QuotaStream
 from rls.quota.tasks import Background
 from rls.settings import Settings, quota_unmatched
 from rls.stores.base import Backend
+
+log = logging.getLogger("rls.quota")
 
 __all__ = ["SERVICE_NAME", "STORE_TIMEOUT_MS", "QuotaService", "QuotaStream"]
 
@@ -121,7 +124,12 @@ class QuotaService:
                 self.streams.discard(session)  # after close: drain() waits for the release
                 self.metrics.streams.dec()
         if status is not None:
-            await context.abort(*status)
+            try:
+                await context.abort(*status)
+            except grpc.aio.InternalError:
+                # The client went away before the status could go out: a stalled client that
+                # never read its answers holds the status back until it disconnects.
+                log.info("quota stream ended (%s) after its client went away", status[0].name)
 
     async def drain(self) -> None:
         """SIGTERM: grant nothing more, end every stream now, give every reservation back.

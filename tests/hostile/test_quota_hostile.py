@@ -94,6 +94,53 @@ def test_a_client_that_never_reads_answers_is_held_back_then_ended(rls_factory, 
         channel.close()
 
 
+def test_a_stalled_client_that_disconnects_without_reading_leaves_no_traceback(
+    rls_factory, config
+) -> None:
+    """The stalled stream's RESOURCE_EXHAUSTED cannot go out while unread answers are ahead
+    of it; when the client then goes away, sending the status fails. That failure used to
+    reach gRPC as an ExecuteBatchError traceback in rls's log."""
+    rls = rls_factory(config, env={"RLS_QUOTA_STREAM_QUEUE_BYTES": "262144",
+                                   "RLS_QUOTA_STALLED_S": "1"})
+
+    def requests() -> Iterator[bytes]:
+        for i in range(200):
+            yield report([f"r{i}-{j:04}" for j in range(3000)])
+
+    channel = grpc.insecure_channel(rls.grpc_addr)
+    answers = channel.stream_stream(QUOTA)(requests())  # never read
+    try:
+        wait_until(lambda: metric(rls.http_url, "rls_quota_errors_total", reason="stalled") >= 1,
+                   30, "the stalled stream ended")
+    finally:
+        answers.cancel()
+        channel.close()
+    wait_until(lambda: "went away" in rls.log() or "Traceback" in rls.log(), 15,
+               "the ended stream's status given up")
+    assert "Traceback" not in rls.log(), rls.log()[-3000:]
+
+
+def test_garbage_messages_are_counted_each_but_logged_once_per_stream(
+    rls_factory, config
+) -> None:
+    """A client sending undecodable or domain-less messages as fast as it can used to write
+    one log line per message (1,000 lines/s at 1,000 messages/s)."""
+    rls = rls_factory(config)
+    garbage = [b"\xff\xff\xff", b""] * 200  # undecodable; decodes but carries no domain
+    channel = grpc.insecure_channel(rls.grpc_addr)
+    call = channel.stream_stream(QUOTA)(iter([*garbage, report(["after"])]))
+    try:
+        answer = rlqs_pb2.RateLimitQuotaResponse.FromString(next(call))
+        assert dict(answer.bucket_action[0].bucket_id.bucket) == {"client": "after"}
+    finally:
+        call.cancel()
+        channel.close()
+    assert metric(rls.http_url, "rls_quota_errors_total", reason="invalid") == 400
+    log = rls.log()
+    assert log.count("malformed RateLimitQuotaUsageReports ignored") == 1, log[-3000:]
+    assert log.count("without a domain ignored") <= 1, log[-3000:]
+
+
 def test_a_bucket_id_holding_2_mb_is_abandoned_and_nothing_is_kept(rls_factory, config) -> None:
     rls = rls_factory(config)
     before = rss_mb(rls.proc.pid)

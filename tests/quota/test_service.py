@@ -83,6 +83,34 @@ def test_new_limited_bucket_gets_a_blanket_rule_then_a_full_token_bucket_at_once
     assert dict(second.bucket_id.bucket) == {"client": "a"}
 
 
+def test_a_report_naming_another_domain_on_the_same_stream_is_ignored() -> None:
+    """A stream's buckets are matched under its first domain and kept (charged, left to the
+    next stream) under the stream's domain: a report switching domains was answered and
+    charged under the first domain's limits while the stream took the new domain's name."""
+    stream = QuotaStream(service().context)
+    answer(stream, report(({"client": "a"}, 1, 0)))
+    other = report(({"client": "a"}, 1, 0))
+    other.domain = "elsewhere"
+    asyncio.run(stream.handle(other))
+    assert not stream._out
+    assert stream.domain == "q"
+    assert stream.metrics.errors.labels("invalid")._value.get() == 1
+
+
+def test_a_counter_the_store_lost_is_not_dealt_beyond_the_limit() -> None:
+    """A counter gone from the store (Redis restarted without its data, flushed, or evicted
+    by --memory-max-bytes) took the stream's reservation with it; counted as still held, it
+    was dealt again on top of the fresh room: 4 per window granted 6 at once (17 for 10/min
+    on a Redis that was flushed)."""
+    svc = service()
+    stream = QuotaStream(svc.context)
+    answer(stream, report(({"client": "a"}, 1, 0)))  # 3 tokens reserved
+    svc.dealer.backend._data.clear()  # type: ignore[attr-defined]
+    *_, action = answer(stream, report(({"client": "a"}, 1, 20), elapsed=5))
+    # The window's count is gone (as for ShouldRateLimit); the grant is at most the limit.
+    assert action.quota_assignment_action.rate_limit_strategy.token_bucket.max_tokens <= 4
+
+
 def test_spent_bucket_is_denied_until_the_window_resets() -> None:
     stream = QuotaStream(service().context)
     (action,) = answer(stream, report(({"client": "a"}, 4, 0)))
