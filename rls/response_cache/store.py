@@ -181,7 +181,9 @@ class RedisCacheStore(GuardedStore):
             # One retry, on a connection error only: after a store restart every pooled
             # connection is dead, and without it each would fail one request (and three in a
             # row mark the store down). Timeouts are never retried: the deadline is ours.
-            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            # RuntimeError: on uvloop a pooled connection to a killed SSDB fails its next
+            # write with "the handler is closed" instead of a ConnectionError.
+            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError, RuntimeError)),
         }
         if ssdb:
             parts = urlsplit(url)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import uvloop
 from conftest import RedisServer, free_port, start_redis, wait_until
 from prometheus_client import CollectorRegistry
 
@@ -151,6 +152,27 @@ async def test_pooled_connections_survive_a_store_restart() -> None:
         await store.close()
     finally:
         server.stop()
+
+
+def test_pooled_ssdb_connections_survive_a_store_restart_on_uvloop(
+    ssdb_server: SsdbStore,
+) -> None:
+    """On uvloop (rls serve's loop), a pooled connection to a killed SSDB fails its next write
+    with RuntimeError ("the handler is closed"), not ConnectionError: it must be retried on a
+    fresh connection like one, or every pooled connection fails a request after a restart."""
+    server = running(ssdb_server)
+
+    async def scenario() -> None:
+        store = create_store(server.url, timeout_ms=2000)
+        await asyncio.gather(*(store.get(f"k{i}") for i in range(10)))  # 10 pooled connections
+        server.kill()
+        server.start()
+        results = await asyncio.gather(*(store.get(f"k{i}") for i in range(10)),
+                                       return_exceptions=True)
+        await store.close()
+        assert results == [None] * 10
+
+    uvloop.run(scenario())
 
 
 async def test_unreachable_store_errors_then_is_marked_down_until_it_answers() -> None:
