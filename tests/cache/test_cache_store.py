@@ -5,6 +5,7 @@ memory store's LRU."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,7 @@ import uvloop
 from conftest import RedisServer, free_port, start_redis, wait_until
 from prometheus_client import CollectorRegistry
 
+from rls.assembly import probe_cache_store
 from rls.response_cache.cache import ResponseCache, StoredResponse
 from rls.response_cache.config import parse_cache_config
 from rls.response_cache.keys import Headers
@@ -257,3 +259,14 @@ async def test_memory_budget_comes_from_the_rules_file() -> None:
     assert cache.store.max_bytes == 2 << 20
     await cache.store.set("k", b"v", 5)
     assert registry.get_sample_value("rls_cache_memory_store_bytes") == ENTRY_OVERHEAD + 2
+
+
+async def test_an_unreachable_store_at_startup_is_logged_without_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = create_store(f"redis://:hunter2@127.0.0.1:{free_port()}/0", timeout_ms=50)
+    with caplog.at_level(logging.WARNING, logger="rls.server"):
+        await probe_cache_store(store)
+    await store.close()
+    assert "unreachable at startup" in caplog.text
+    assert "hunter2" not in caplog.text and ":***@127.0.0.1" in caplog.text
