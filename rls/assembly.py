@@ -28,6 +28,7 @@ from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.stores.deadline import LoopLag
 from rls.stores.redis import StoreRejected
 from rls.stores.redis.connect import TlsClient
+from rls.stores.redis.urls import redact
 from rls.workers import WorkersCollector
 
 log = logging.getLogger("rls.server")
@@ -155,6 +156,6 @@ async def probe_cache_store(store: GuardedStore) -> None:
         log.warning(
             "cache store %s unreachable at startup: %s; requests go upstream uncached "
             "until it answers",
-            getattr(store, "url", store.name),
+            redact(getattr(store, "url", store.name)),  # never the store's password
             exc,
         )

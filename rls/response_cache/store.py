@@ -50,6 +50,8 @@ VERSION_TTL = 10 * 365 * 86400  # SSDB mode only: every SSDB write carries a TTL
 FAILURES_TO_TRIP = 3
 PROBE_INTERVAL_S = 0.1
 PROBE_KEY = "rls:cache:probe"  # while marked down, the store is pinged this often
+# Retried once on a fresh connection (redis-py's stubs say RedisError only; Retry catches any).
+RETRIED_ERRORS: Any = (RedisConnectionError, RuntimeError)
 
 
 # A store operation failed or timed out (`op` names it for the errors metric); `StoreDown`: the
@@ -181,7 +183,9 @@ class RedisCacheStore(GuardedStore):
             # One retry, on a connection error only: after a store restart every pooled
             # connection is dead, and without it each would fail one request (and three in a
             # row mark the store down). Timeouts are never retried: the deadline is ours.
-            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            # RuntimeError: on uvloop a pooled connection to a killed SSDB fails its next
+            # write with "the handler is closed" instead of a ConnectionError.
+            "retry": Retry(NoBackoff(), 1, supported_errors=RETRIED_ERRORS),
         }
         if ssdb:
             parts = urlsplit(url)

@@ -94,7 +94,9 @@ REQUEST_BODY_AND_RESPONSE_HEADERS = _PM(
 RESPONSE_BODY = _PM(response_header_mode=_PM.SEND, response_body_mode=_PM.BUFFERED)
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _APPEND = base_pb2.HeaderValueOption.APPEND_IF_EXISTS_OR_ADD
-WAIT_HEADROOM = 0.1  # asked of Envoy on top of the coalescing wait, for the lookup after it
+# Asked of Envoy on top of the coalescing wait: the lookup after it (a Vary pointer and its
+# entry, two store calls of up to store_timeout_ms each) plus this much for the reply.
+WAIT_SLACK = 0.05
 # Buffered bodies arrive in one message: room for a body at Envoy's buffer limits.
 EXTPROC_MAX_MESSAGE = 16 << 20
 
@@ -141,12 +143,13 @@ class ExtProcService:
     async def process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         """One stream: read a message, hand any write to the writer, then write the reply."""
         st = _Stream()
+        headroom = 2 * self.cache.store.timeout + WAIT_SLACK
 
         async def ask_for_time(wait: float) -> None:
             # Not a reply: Envoy restarts its message timer (up to max_message_timeout) and
             # ignores the request (counting it) when max_message_timeout is 0.
             timeout = duration_pb2.Duration()
-            timeout.FromMilliseconds(int((wait + WAIT_HEADROOM) * 1000))
+            timeout.FromMilliseconds(int((wait + headroom) * 1000))
             await context.write(pb.ProcessingResponse(override_message_timeout=timeout))
 
         try:

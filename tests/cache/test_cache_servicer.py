@@ -392,7 +392,8 @@ async def test_identical_miss_waits_for_the_fill_in_progress() -> None:
     while not second.sent:
         await asyncio.sleep(0)
     # first message on the waiting stream asks Envoy for time (max_message_timeout permitting)
-    assert second.sent[0].override_message_timeout.ToMilliseconds() == 2100
+    # the wait, plus two store calls (200 ms each here) and 50 ms for the lookup after it
+    assert second.sent[0].override_message_timeout.ToMilliseconds() == 2000 + 2 * 200 + 50
     first.gates[1].set()
     await asyncio.wait_for(asyncio.gather(task, waiter), 5)
     await drain(cache)
@@ -413,6 +414,61 @@ async def test_coalescing_wait_is_bounded() -> None:
     assert cache.metrics.coalesced.labels("timeout")._value.get() == 1
     first.gates[1].set()
     await task
+
+
+class StallsAfterTheFill(MemoryCacheStore):
+    """Writes take 60 ms; once an entry is written, every read stalls past its deadline."""
+
+    written = False
+
+    async def _set(self, key: str, value: bytes, ttl: int) -> None:
+        await asyncio.sleep(0.06)
+        await super()._set(key, value, ttl)
+        self.written = True
+
+    async def _get(self, key: str) -> bytes | None:
+        if self.written:
+            await asyncio.sleep(1)
+        return await super()._get(key)
+
+
+class TimedContext(FakeContext):
+    def __init__(self, messages: list) -> None:
+        super().__init__(messages)
+        self.times: list[float] = []
+
+    async def write(self, message) -> None:
+        self.times.append(time.monotonic())
+        await super().write(message)
+
+
+async def test_a_coalesced_miss_answers_within_the_time_it_asked_envoy_for() -> None:
+    """The fill ends during the wait, then the read after it meets a stalled store: that read
+    (a Vary pointer and its entry: two store calls of up to store_timeout_ms) must fit in the
+    time asked of Envoy, or Envoy gives up on rls first (message_timeout)."""
+    rules = "store_timeout_ms: 200\n" + COALESCE.replace("2000", "100")
+    service, cache = make_service(rules, store=StallsAfterTheFill(timeout_ms=200))
+    first = FakeContext([
+        request_headers("GET", "/items", api="items"), response_headers(length=4),
+        response_body(b"page"),
+    ])
+    first.gates[1] = asyncio.Event()  # the response comes once the second request waits
+    task = asyncio.create_task(service.process(iter(()), first))  # type: ignore[arg-type]
+    while not cache.fills:
+        await asyncio.sleep(0)
+    second = TimedContext([request_headers("GET", "/items", api="items")])
+    waiter = asyncio.create_task(service.process(iter(()), second))  # type: ignore[arg-type]
+    while not second.sent:
+        await asyncio.sleep(0)
+    first.gates[1].set()
+    await asyncio.wait_for(asyncio.gather(task, waiter), 5)
+    asked, reply = second.sent[0], second.sent[1]
+    assert asked.HasField("override_message_timeout")
+    assert reply.HasField("request_headers")  # answered uncached: the read timed out
+    assert cache.metrics.errors.labels("get")._value.get() == 1
+    held = second.times[1] - second.times[0]
+    assert held <= asked.override_message_timeout.ToMilliseconds() / 1000, held
+    await drain(cache)
 
 
 async def test_cancelled_stream_releases_its_fill() -> None:

@@ -5,13 +5,16 @@ memory store's LRU."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 
 import pytest
 import redis
+import uvloop
 from conftest import RedisServer, free_port, start_redis, wait_until
 from prometheus_client import CollectorRegistry
 
+from rls.assembly import probe_cache_store
 from rls.response_cache.cache import ResponseCache, StoredResponse
 from rls.response_cache.config import parse_cache_config
 from rls.response_cache.keys import Headers
@@ -153,6 +156,27 @@ async def test_pooled_connections_survive_a_store_restart() -> None:
         server.stop()
 
 
+def test_pooled_ssdb_connections_survive_a_store_restart_on_uvloop(
+    ssdb_server: SsdbStore,
+) -> None:
+    """On uvloop (rls serve's loop), a pooled connection to a killed SSDB fails its next write
+    with RuntimeError ("the handler is closed"), not ConnectionError: it must be retried on a
+    fresh connection like one, or every pooled connection fails a request after a restart."""
+    server = running(ssdb_server)
+
+    async def scenario() -> None:
+        store = create_store(server.url, timeout_ms=2000)
+        await asyncio.gather(*(store.get(f"k{i}") for i in range(10)))  # 10 pooled connections
+        server.kill()
+        server.start()
+        results = await asyncio.gather(*(store.get(f"k{i}") for i in range(10)),
+                                       return_exceptions=True)
+        await store.close()
+        assert results == [None] * 10
+
+    uvloop.run(scenario())
+
+
 async def test_unreachable_store_errors_then_is_marked_down_until_it_answers() -> None:
     port = free_port()
     store = create_store(f"redis://127.0.0.1:{port}/0", timeout_ms=50)
@@ -235,3 +259,14 @@ async def test_memory_budget_comes_from_the_rules_file() -> None:
     assert cache.store.max_bytes == 2 << 20
     await cache.store.set("k", b"v", 5)
     assert registry.get_sample_value("rls_cache_memory_store_bytes") == ENTRY_OVERHEAD + 2
+
+
+async def test_an_unreachable_store_at_startup_is_logged_without_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = create_store(f"redis://:hunter2@127.0.0.1:{free_port()}/0", timeout_ms=50)
+    with caplog.at_level(logging.WARNING, logger="rls.server"):
+        await probe_cache_store(store)
+    await store.close()
+    assert "unreachable at startup" in caplog.text
+    assert "hunter2" not in caplog.text and ":***@127.0.0.1" in caplog.text

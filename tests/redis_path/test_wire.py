@@ -20,8 +20,10 @@ from conftest import RedisServer, start_redis
 from rls.config.model import Limit, Unit
 from rls.core.model import Check
 from rls.stores.base import BackendError
+from rls.stores.breaker import CircuitBreaker
 from rls.stores.deadline import STORE_SLOW, Deadline, LoopLag
 from rls.stores.redis import RedisBackend
+from rls.stores.redis import wire as wire_module
 
 LIMIT = Limit(requests_per_unit=1000, unit=Unit.HOUR, full_key="d.k")
 
@@ -158,6 +160,31 @@ async def test_a_unix_socket_store_decides_on_the_wire(tmp_path) -> None:
         verdicts = await asyncio.gather(*(store.decide([Check(0, cap, "u", 1)]) for _ in range(5)))
         assert [v.admitted for v in verdicts] == [True, True, True, False, False]
         assert wire_of(store).connected
+    finally:
+        await store.close()
+        server.stop()
+
+
+async def test_a_probe_that_finds_redis_back_reopens_the_wire_before_closing_the_breaker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Redis restarted after an outage: the breaker's probe must not let calls through while
+    the wire still sleeps in its reconnect back-off (they failed with "reconnecting" and the
+    breaker flapped). The back-off cap is raised to make that window wide."""
+    monkeypatch.setattr(wire_module, "MAX_BACKOFF_S", 1.0)
+    server = start_redis()
+    store = RedisBackend(server.url, breaker=CircuitBreaker("redis", probe_interval=0.05),
+                         probe_timeout_ms=200)
+    try:
+        await store.start()
+        assert (await store.decide([check("before")])).admitted
+        await asyncio.to_thread(server.stop)  # the wire loses its connection and reconnects
+        await asyncio.sleep(1.7)  # the wire's back-off has reached its cap (1 s)
+        assert not wire_of(store).connected
+        server = await asyncio.to_thread(start_redis, port=server.port)
+        assert await store.probe()  # what the breaker asks before it closes
+        assert wire_of(store).connected
+        assert (await store.decide([check("after")])).admitted
     finally:
         await store.close()
         server.stop()

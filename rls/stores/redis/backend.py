@@ -86,7 +86,7 @@ class RedisBackend:
         self.guard = StoreGuard(self.breaker, judge, "redis")
         # The probe's own blocking connection, used from its own thread: its socket timeout
         # runs in the kernel, so a busy or paused event loop cannot fail a healthy store.
-        probe_s = probe_timeout_ms / 1000
+        probe_s = self._probe_timeout_s = probe_timeout_ms / 1000
         self._probe_client: Any = connect(url, probe_s, probe_s, 1, sync=True, tls=tls)
         self._probe_thread = ThreadPoolExecutor(1, thread_name_prefix="rls-store-probe")
         self.breaker.set_probe(self.probe)
@@ -106,10 +106,15 @@ class RedisBackend:
         """PING on the probe connection (in its thread); False on any error or timeout."""
         loop = asyncio.get_running_loop()
         try:
-            return bool(await loop.run_in_executor(self._probe_thread, self._probe_client.ping))
+            if not await loop.run_in_executor(self._probe_thread, self._probe_client.ping):
+                return False
         except (RedisError, OSError) as exc:
             self.breaker.last_error = str(exc) or type(exc).__name__
             return False
+        # Redis answers; the lean connection must be back too before calls are let through.
+        if isinstance(self.topology, Standalone):
+            return await self.topology.ready(self._probe_timeout_s)
+        return True
 
     def suspect(self) -> None:
         """A call used its whole store budget: let the probe find out whether Redis is ill."""

@@ -81,6 +81,10 @@ class Standalone(ScriptRunner):
         if self.wire is not None:
             await self.wire.close()
 
+    async def ready(self, timeout: float) -> bool:
+        """Whether decisions can go out now: the wire reconnected if it was lost."""
+        return self.wire is None or await self.wire.ready(timeout)
+
     def _reload_batch(self) -> None:
         """A batch met NOSCRIPT (Redis restarted or flushed): load the batch script, while its
         requests are sent again alone (each loads the lean script itself)."""

@@ -168,6 +168,7 @@ class Wire:
         self._opening: asyncio.Future[None] | None = None  # the first connect, shared
         self._opened = False  # connected once: from then on, losses reopen in the background
         self._closed = False
+        self._kick = asyncio.Event()  # ends the reconnect's back-off sleep (see `ready`)
         self.last_error = ""
 
     @property
@@ -360,9 +361,27 @@ class Wire:
                     self.last_error = str(exc) or type(exc).__name__
                     self._drop_conn()
                 backoff = min(MAX_BACKOFF_S, backoff * 2 or 0.025)
-                await asyncio.sleep(backoff)
+                self._kick.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), backoff)
         finally:
             self._reopening = None
+
+    async def ready(self, timeout: float) -> bool:
+        """Whether the connection is open, reconnecting now (not at the end of the back-off)
+        when it was lost. The breaker's probe asks: a probe that finds Redis back must not
+        close the breaker while the wire sleeps up to `MAX_BACKOFF_S` more, failing every call
+        with "reconnecting" (the breaker then flapped, and the failure mode answered calls
+        Redis could have decided)."""
+        if self._proto is not None or not self._opened:
+            return True
+        self._reopen()
+        self._kick.set()
+        task = self._reopening
+        if task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+        return self._proto is not None
 
     def _drop_conn(self) -> None:
         conn, self._conn = self._conn, None
