@@ -12,9 +12,10 @@ the failure mode answered everything, uncounted). Here:
   When the store itself has used the budget, the call expires as `store_slow` — at once when
   the budget is the caller's (its deadline is up), else only once a health probe of the store
   (its own connection) fails: a store that answers the probe is alive, and the call keeps
-  waiting for its reply. A call that keeps waiting because this process is overloaded expires
-  at the hard cap as `overloaded`; when the cap is the caller's own deadline, the store is
-  named when it used most of that time (a stalled store gets the failure mode, never a refusal).
+  waiting for its reply. A call still waiting at the hard cap (`--overload-cap-ms`, or the
+  caller's own deadline) names whoever used most of the wait: the store (`store_slow`: a stalled
+  store gets the failure mode, never a refusal, even when it answers the probe's PING while
+  holding writes) or this process (`overloaded`: its loop was held, it is the bottleneck).
 
 These live with the stores, not the engine, because the lean Redis connection applies them
 itself (`stores/redis/wire.py`: one timer per batch of calls instead of a timeout per call).
@@ -91,10 +92,9 @@ class Deadline:
     - The store's time is the wall clock less what the loop lost meanwhile (`LoopLag`).
     - Store time past `budget`: `store_slow` at once, or, with `probe` (our own budget, no
       caller's deadline), only once the probe fails; a reply meanwhile still wins.
-    - Wall clock past `cap`: with the caller's deadline (`caller`), whoever used most of it
-      is named: the store (`store_slow`, the failure mode answers) or this process
-      (`overloaded`, refused); without it, `overloaded` unless the store alone used the budget
-      and no probe could clear it.
+    - Wall clock past `cap`: whoever used most of it is named: the store (`store_slow`, the
+      failure mode answers; without the caller's deadline only once it used its budget, even
+      if a probe found it alive) or this process (`overloaded`, refused).
     """
 
     __slots__ = (
@@ -146,13 +146,11 @@ class Deadline:
         lost = self.lag.lost() - self.lost_at_start
         store_time = elapsed - lost
         if elapsed >= self.cap:
-            if self.caller:
-                reason = STORE_SLOW if store_time >= lost else OVERLOADED
-            elif store_time < self.budget or self.probe is not None:
-                reason = OVERLOADED
-            else:
-                reason = STORE_SLOW
-            self.expire(reason)
+            # Whoever used most of the wait is named. A probe that found the store alive does
+            # not clear it here: a store may answer PING and still hold our writes (CLIENT
+            # PAUSE WRITE, a long script), and a process with its loop free was not the cause.
+            store_used = store_time >= lost and (self.caller or store_time >= self.budget)
+            self.expire(STORE_SLOW if store_used else OVERLOADED)
             return None
         if store_time < self.budget:
             return min(now + self.budget - store_time, self.start + self.cap)

@@ -270,3 +270,27 @@ async def test_a_store_that_stalls_past_the_callers_deadline_gets_the_failure_mo
     finally:
         rig.lag.stop()
         await rig.backend.close()
+
+
+async def test_a_store_that_holds_writes_but_answers_ping_gets_the_failure_mode(
+    debug_redis: RedisServer, tmp_path
+) -> None:
+    """Without a caller's deadline the probe clears a store that answers PING; one that holds
+    writes meanwhile (CLIENT PAUSE WRITE: EVALSHA waits, PING answers) still used the whole
+    wait itself, so at the hard cap it is named (`store_slow`, the failure mode answers), not
+    this process (`overloaded`, refused as if rls were the bottleneck)."""
+    debug_redis.client().flushall()
+    rig = Rig(debug_redis.url, tmp_path, backend_timeout_ms=15, overload_cap_ms=200)
+    await rig.backend.start()
+    rig.lag.start()
+    assert decided(await rig.call("warm"))
+    try:
+        debug_redis.client().execute_command("CLIENT", "PAUSE", "700", "WRITE")
+        decision = await rig.call("held")
+        assert not decided(decision) and decision.overall == OK  # the failure mode (allow)
+        assert rig.failure_answers("store_slow") == 1
+        assert rig.failure_answers("overloaded") == 0
+    finally:
+        debug_redis.client().execute_command("CLIENT", "UNPAUSE")
+        rig.lag.stop()
+        await rig.backend.close()
