@@ -50,6 +50,9 @@ def setup_logging(level: str, fmt: str, worker: str | None = None) -> None:
     # matter itself ("config change detected: <files>"); watchfiles' own line, for a log file
     # kept in the config directory, was a change of its own: a line every 100 ms, forever.
     logging.getLogger("watchfiles").setLevel(max(logging.WARNING, root.level))
+    grpc_core = logging.getLogger(GRPC_AIO_LOGGER)
+    grpc_core.filters[:] = [f for f in grpc_core.filters if not isinstance(f, LateAnswers)]
+    grpc_core.addFilter(LateAnswers())
 
 
 class LogGate:
@@ -76,3 +79,34 @@ class LogGate:
     def take_suppressed(self) -> int:
         count, self._suppressed = self._suppressed, 0
         return count
+
+
+GRPC_AIO_LOGGER = "grpc._cython.cygrpc"
+LATE_ANSWER = "ExecuteBatchError raised in core by servicer method"
+
+
+class LateAnswers(logging.Filter):
+    """grpc.aio logs an ERROR with a traceback for every answer it could not send because the
+    caller had gone (its deadline passed while a CPU-starved process finished the call): under
+    load that is a multi-line traceback per late call. Here: one warning line a second at most,
+    without the traceback, with the count of the others."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = LogGate(1)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(LATE_ANSWER):
+            return True
+        if not self.gate.allow():
+            return False
+        method = message[len(LATE_ANSWER):].strip(" []")
+        others = self.gate.take_suppressed()
+        record.msg = ("an answer of %s could not be sent: the caller had gone (its deadline "
+                      "passed first)%s")
+        record.args = (method or "a call", f"; {others} more since the last line" if others
+                       else "")
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info = record.exc_text = None
+        return True
