@@ -176,6 +176,9 @@ class MemoryBackend:
                     new_state, expires = algo.release(state, now_ms, check)
                     rem_charged = _remaining_after_release(algo, new_state, now_ms, check)
                     ok = True
+                elif check.hits == 0:  # writes nothing (lua/decide.lua likewise): see there
+                    outcomes.append(Outcome(ok, True, rem_charged, reset, used))
+                    continue
                 else:
                     new_state, expires = algo.charge(state, now_ms, check)
                 key = check.key  # popped, re-inserted: now the most recent (None: drop it)
