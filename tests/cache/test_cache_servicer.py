@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -377,20 +378,29 @@ rules:
 """
 
 
-async def test_identical_miss_waits_for_the_fill_in_progress() -> None:
-    service, cache = make_service(COALESCE)
+async def fill_with_a_waiter(
+    service: Any, cache: Any, second: FakeContext
+) -> tuple[FakeContext, asyncio.Task[None], asyncio.Task[None]]:
+    """A miss whose fill is in progress (its response held at `first.gates[1]`) and an
+    identical request, `second`, waiting for it: (first, the fill's task, the waiter's)."""
     first = FakeContext([
         request_headers("GET", "/items", api="items"), response_headers(length=4),
         response_body(b"page"),
     ])
     first.gates[1] = asyncio.Event()  # hold the response until the second request waits
-    task = asyncio.create_task(service.process(iter(()), first))  # type: ignore[arg-type]
+    task = asyncio.create_task(service.process(iter(()), first))
     while not cache.fills:
         await asyncio.sleep(0)
-    second = FakeContext([request_headers("GET", "/items", api="items")])
-    waiter = asyncio.create_task(service.process(iter(()), second))  # type: ignore[arg-type]
+    waiter = asyncio.create_task(service.process(iter(()), second))
     while not second.sent:
         await asyncio.sleep(0)
+    return first, task, waiter
+
+
+async def test_identical_miss_waits_for_the_fill_in_progress() -> None:
+    service, cache = make_service(COALESCE)
+    second = FakeContext([request_headers("GET", "/items", api="items")])
+    first, task, waiter = await fill_with_a_waiter(service, cache, second)
     # first message on the waiting stream asks Envoy for time (max_message_timeout permitting)
     # the wait, plus two store calls (200 ms each here) and 50 ms for the lookup after it
     assert second.sent[0].override_message_timeout.ToMilliseconds() == 2000 + 2 * 200 + 50
@@ -448,18 +458,8 @@ async def test_a_coalesced_miss_answers_within_the_time_it_asked_envoy_for() -> 
     time asked of Envoy, or Envoy gives up on rls first (message_timeout)."""
     rules = "store_timeout_ms: 200\n" + COALESCE.replace("2000", "100")
     service, cache = make_service(rules, store=StallsAfterTheFill(timeout_ms=200))
-    first = FakeContext([
-        request_headers("GET", "/items", api="items"), response_headers(length=4),
-        response_body(b"page"),
-    ])
-    first.gates[1] = asyncio.Event()  # the response comes once the second request waits
-    task = asyncio.create_task(service.process(iter(()), first))  # type: ignore[arg-type]
-    while not cache.fills:
-        await asyncio.sleep(0)
     second = TimedContext([request_headers("GET", "/items", api="items")])
-    waiter = asyncio.create_task(service.process(iter(()), second))  # type: ignore[arg-type]
-    while not second.sent:
-        await asyncio.sleep(0)
+    first, task, waiter = await fill_with_a_waiter(service, cache, second)
     first.gates[1].set()
     await asyncio.wait_for(asyncio.gather(task, waiter), 5)
     asked, reply = second.sent[0], second.sent[1]
