@@ -140,11 +140,9 @@ class MemoryBackend:
     async def peek(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
         return self.decide_now(checks, now_ms, charge=False)
 
-    def decide_now(
-        self, checks: Sequence[Check], now_ms: int | None = None, charge: bool = True
-    ) -> Verdict:
-        if now_ms is None:
-            now_ms = int(self._clock() * 1000)
+    def _evaluate(self, checks: Sequence[Check], now_ms: int) -> tuple[list[Any], bool, bool]:
+        """Each check against its state: (rows of (check, state, algorithm, evaluation),
+        whether any check carries flags, whether every check is within its limit)."""
         data = self._data
         rows = []
         flagged = False
@@ -160,6 +158,15 @@ class MemoryBackend:
                 flagged = True
             if not ev[0]:
                 all_ok = False
+        return rows, flagged, all_ok
+
+    def decide_now(
+        self, checks: Sequence[Check], now_ms: int | None = None, charge: bool = True
+    ) -> Verdict:
+        if now_ms is None:
+            now_ms = int(self._clock() * 1000)
+        data = self._data
+        rows, flagged, all_ok = self._evaluate(checks, now_ms)
         if flagged:
             admitted, selected = admit([c.flags for c in checks], [r[3][0] for r in rows])
         else:  # no shadow, quota, release or charge-always: all or nothing
