@@ -88,9 +88,7 @@ for i = 1, n do
       remaining = a.algo.release(KEYS[i], now, a)
       ok = true
     else
-      -- A 0-hit charge writes nothing (rls/stores/memory.py likewise): written, a fixed
-      -- window's carried debt would move into this window and be owed again by the next.
-      if a.hits > 0 then a.algo.charge(KEYS[i], now, a) end
+      a.algo.charge(KEYS[i], now, a)
       remaining = a.rem_charged
     end
   elseif ok then

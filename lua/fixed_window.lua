@@ -83,13 +83,17 @@ return {
     if a.impl then return a.impl.charge(key, now, a) end
     local s = a.st
     if not s[5] and a.hits <= 0 then return end  -- rolling: a window starts with a hit
+    -- With overdraft a 0-hit charge writes nothing (rls/stores/memory.py likewise): written,
+    -- the debt carried from the previous window would move into this one, owed again next.
+    if a.overdraft > 0 and a.hits <= 0 then return end
     fw_store(key, s[1], s[2], s[3] + a.hits, s[4], now, a)
   end,
   release = function(key, now, a)
     if a.impl then return a.impl.release(key, now, a) end
     local s = a.st
     local usage = math.max(0, s[3] - a.hits)
-    if s[5] then fw_store(key, s[1], s[2], usage, s[4], now, a) end
+    local moves_debt = a.overdraft > 0 and a.hits <= 0  -- as in charge: a 0-hit write would
+    if s[5] and not moves_debt then fw_store(key, s[1], s[2], usage, s[4], now, a) end
     local top = a.cap
     if s[4] == 0 then top = top + a.overdraft end
     return math.max(0, top - usage)

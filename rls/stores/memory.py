@@ -178,14 +178,18 @@ class MemoryBackend:
         added = 0
         for (check, state, algo, ev), do_charge in zip(rows, selected, strict=True):
             ok, rem_charged, rem_uncharged, reset, used = ev
+            if do_charge and check.hits == 0 and check.limit.overdraft:
+                # Writes nothing, charge or release (lua/fixed_window.lua likewise): written,
+                # the debt carried from the previous window would move into this one, to be
+                # owed again by the next.
+                ok = ok or bool(check.flags & NEGATIVE)  # a release is always ok
+                outcomes.append(Outcome(ok, True, rem_charged, reset, used))  # 0 hits: as is
+                continue
             if do_charge:
                 if check.flags & NEGATIVE:
                     new_state, expires = algo.release(state, now_ms, check)
                     rem_charged = _remaining_after_release(algo, new_state, now_ms, check)
                     ok = True
-                elif check.hits == 0:  # writes nothing (lua/decide.lua likewise): see there
-                    outcomes.append(Outcome(ok, True, rem_charged, reset, used))
-                    continue
                 else:
                     new_state, expires = algo.charge(state, now_ms, check)
                 key = check.key  # popped, re-inserted: now the most recent (None: drop it)

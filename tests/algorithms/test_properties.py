@@ -327,11 +327,12 @@ async def test_cost_above_remaining_is_rejected_and_charges_nothing(
     assert not (await one(backend, limit, key, 1, now)).admitted
 
 
+@pytest.mark.parametrize("zero_flags", [SHADOW, CHARGE_ALWAYS, NEGATIVE])
 async def test_a_zero_hit_check_does_not_move_a_fixed_windows_carried_debt(
-    backend: Backend,
+    backend: Backend, zero_flags: int
 ) -> None:
-    """Found by the property below: a 0-hit check (here a shadow one) charged 0 hits and so
-    wrote the window, moving the debt carried from the previous window into it, to be owed
+    """Found by the property below: a 0-hit check that is charged (shadow, charge-always) or
+    released wrote the window, moving the debt carried from the previous window into it, to be owed
     again by the next window (1/4 s with overdraft 1: refused at 8 s where a key without the
     0-hit check was admitted). A 0-hit charge writes nothing, on both stores."""
     limit = Limit(1, Unit.SECOND, algorithm="fixed_window", unit_multiplier=4, overdraft=1)
@@ -339,7 +340,7 @@ async def test_a_zero_hit_check_does_not_move_a_fixed_windows_carried_debt(
     for key in (plain, probed):
         for flags in (0, 0, SHADOW):  # 1 + overdraft 1, and a shadow hit: 2 owed next window
             await one(backend, limit, key, 1, BASE_MS, flags)
-    await one(backend, limit, probed, 0, BASE_MS + 4500, SHADOW)
+    await one(backend, limit, probed, 0, BASE_MS + 4500, zero_flags)
     for key in (plain, probed):
         await one(backend, limit, key, 1, BASE_MS + 4500)  # refused: the debt is owed
     a = await one(backend, limit, plain, 1, BASE_MS + 8000)
