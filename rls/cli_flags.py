@@ -37,7 +37,8 @@ FLAGS = {
     "workers": "worker processes sharing the gRPC port",
     "worker_max_failures": "--workers > 1: consecutive failures of one worker (restarted with "
     "back-off) before the supervisor exits 1",
-    "failure_mode": "answer when the backend fails: allow (OK) or deny (OVER_LIMIT)",
+    "failure_mode": "answer when the store cannot decide: allow (OK), deny (OVER_LIMIT) or "
+    "error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides)",
     "backend_timeout_ms": "store-time budget of one decision when the caller sends no deadline",
     "deadline_margin_ms": "kept from the caller's gRPC deadline to send the answer",
     "overload_cap_ms": "a decision still waiting after this long: UNAVAILABLE (rls overloaded)",

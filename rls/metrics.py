@@ -34,9 +34,11 @@ from rls.settings import metrics_multiprocess
 # Label values of the failure counters, each a closed set: their series are created at 0 up
 # front (`prepare_domains` for the per-domain ones), so rate() counts the first burst of
 # failures instead of starting from its first sample.
-REQUEST_ERROR_REASONS = ("invalid_argument", "overloaded", "unavailable")
+REQUEST_ERROR_REASONS = ("invalid_argument", "overloaded", "unavailable", "store_failed")
 FAILURE_REASONS = ("store_down", "store_error", "store_slow", "overloaded")
-FAILURE_ANSWERS = ("allow", "deny", "fallback")  # what answered a call the store did not decide
+# What answered a call the store did not decide: a failure mode (allow, deny, error: gRPC
+# UNAVAILABLE) or the local fallback share.
+FAILURE_ANSWERS = ("allow", "deny", "error", "fallback")
 OVERLOAD_ANSWERS = ("unavailable", "resource_exhausted")  # reason overloaded only
 CONFIG_LOAD_RESULTS = ("success", "error")
 MAX_PREPARED_DOMAINS = 1000  # beyond: series appear on first use, as before
@@ -189,7 +191,8 @@ class Metrics:
             "rls_failure_mode_answers",
             "Calls the store did not decide, by domain, reason (store_down: breaker open; "
             "store_error; store_slow: the store used the whole budget; overloaded: rls itself "
-            "could not decide in time) and what answered (allow, deny, fallback, unavailable)",
+            "could not decide in time) and what answered (allow, deny, error, fallback, "
+            "unavailable)",
             ["domain", "reason", "answer"],
             registry=r,
         )

@@ -16,6 +16,8 @@ and returns the `rls serve` command line they mean, plus the lines rls logs at s
   layout: `RUNTIME_ROOT` a link moved to a new version) are both picked up
   (rls.config.reload). Dot files are always skipped (`RUNTIME_IGNOREDOTFILES=false` is noted).
   `CONFIG_TYPE=GRPC_XDS_SOTW`: no directory; the xDS client reads its own variables.
+- a store that cannot decide: `--failure-mode error`, a fast gRPC UNAVAILABLE, as the
+  reference returns an error, so Envoy's `failure_mode_deny` decides (RLS_FAILURE_MODE wins).
 - metrics: `USE_PROMETHEUS=true` serves them on `PROMETHEUS_ADDR` (default :9090) at
   `PROMETHEUS_PATH`; `USE_STATSD=true` is answered by one line (no statsd sink).
 
@@ -227,6 +229,9 @@ def plan(environ: Mapping[str, str] | None = None) -> Plan:
         _listeners(env, out)
         _config(env, out)
         _metrics(env, out)
+        # The reference answers a gRPC error when Redis fails, so that Envoy's own failure mode
+        # decides (failure_mode_deny; Envoy Gateway's failClosed): rls does the same here.
+        _flag(env, out, "failure_mode", "error")
     except EnvProblem as exc:
         out.problem = str(exc)
         return out

@@ -24,9 +24,14 @@ URL_SCHEMES: dict[str, tuple[str, ...]] = {
 # The reference's (logrus) level names that have a Python equivalent.
 LOG_LEVEL_ALIASES = {"warn": "warning", "trace": "debug", "fatal": "critical", "panic": "critical"}
 
+# What answers a call the store could not decide (--failure-mode, a domain's `failure_mode`):
+# allow (OK), deny (OVER_LIMIT), or error (gRPC UNAVAILABLE, so that the caller's own failure
+# mode decides: Envoy's failure_mode_deny / Envoy Gateway's failClosed).
+FAILURE_MODES = ("allow", "deny", "error")
+
 # Closed sets of values, and lower bounds, checked by Settings.validate.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "failure_mode": ("allow", "deny"),
+    "failure_mode": FAILURE_MODES,
     "log_format": ("text", "json"),
     "loop": ("auto", "uvloop", "asyncio"),
     "log_level": ("debug", "info", "warning", "error", "critical"),

@@ -92,7 +92,7 @@ class Settings:
     workers: int = 1
     # --workers > 1: consecutive failures of one worker slot before the supervisor exits 1
     worker_max_failures: int = 10
-    failure_mode: str = "allow"  # allow | deny when the backend cannot answer in time
+    failure_mode: str = "allow"  # allow | deny | error when the store cannot decide in time
     # Store-time budget of one decision when the caller sends no deadline (Envoy sends its
     # filter timeout as the gRPC deadline, and that is used instead, less deadline_margin_ms).
     # Time this process itself lags (GC, CPU contention) is not counted: see stores/deadline.py.

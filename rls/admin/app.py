@@ -166,7 +166,7 @@ def _limit_fields(limit: Limit) -> dict[str, object]:
         "calendar": limit.calendar,
         "window": WINDOW_ROLLING if limit.rolling else WINDOW_ALIGNED,
         "timezone": limit.timezone,
-        "charge": "always" if limit.charge_always else "on_allow",
+        "charge": limit.charge,
         "accept_releases": limit.accept_releases,
         "shadow_mode": limit.shadow_mode,
         "quota_mode": limit.quota_mode,

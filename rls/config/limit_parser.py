@@ -20,7 +20,7 @@ from rls.config.model import MAX_WINDOW_SECONDS, UNIT_SECONDS, Limit, Unit
 from rls.config.yaml_source import as_bool, as_list, as_str, as_uint, line_of
 from rls.core.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 from rls.core.algorithms.registry import BURST_ALGORITHMS
-from rls.core.limits import WINDOW_ALIGNED, WINDOW_ROLLING, WINDOWS
+from rls.core.limits import CHARGE_DEFAULT, CHARGES, WINDOW_ALIGNED, WINDOW_ROLLING, WINDOWS
 
 # The fields of one limit spec (`rate_limit:` or an item of `rate_limits:`). The key check of
 # rls/config/parser.py accepts them at any depth, like the reference, so one indented a level
@@ -258,7 +258,7 @@ class LimitParser:
         rolling = found.check(False, self._rolling, spec, path)
         timezone = found.check("UTC", self._timezone, spec, path)
         rpu = found.check(0, as_uint, f, spec.get("requests_per_unit"), "requests_per_unit")
-        charge = found.check("on_allow", self._charge, spec, path)
+        charge = found.check(CHARGE_DEFAULT, self._charge, spec, path)
         accept = spec.get("accept_releases")
         accept_releases = None if accept is None else found.check(
             None, as_bool, f, accept, "accept_releases"
@@ -278,7 +278,8 @@ class LimitParser:
             shadow_mode=shadow, quota_mode=quota, replaces=frozenset(replaces),
             algorithm=algorithm, unit_multiplier=multiplier, burst=burst, overdraft=overdraft,
             calendar=calendar, rolling=rolling, timezone=timezone,
-            charge_always=charge == "always", accept_releases=accept_releases,
+            charge_always=charge == "always", costs_on_allow=charge == "on_allow",
+            accept_releases=accept_releases,
             full_key=path, index=index,
         )
 
@@ -349,10 +350,10 @@ class LimitParser:
         return timezone
 
     def _charge(self, spec: dict[str, Any], path: str) -> str:
-        charge = as_str(self.file, spec.get("charge"), "charge") or "on_allow"
-        if charge not in ("on_allow", "always"):
+        charge = as_str(self.file, spec.get("charge"), "charge") or CHARGE_DEFAULT
+        if charge not in CHARGES:
             raise self.fail(
-                f"'{path}': charge must be 'on_allow' or 'always', not '{charge}'", "charge"
+                f"'{path}': charge must be one of {', '.join(CHARGES)}, not '{charge}'", "charge"
             )
         return charge
 

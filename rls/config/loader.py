@@ -29,6 +29,7 @@ from rls.config.parser import DomainParser, check_keys
 from rls.config.usage_stats import parse_usage_stats
 from rls.config.yaml_source import YamlBudget, as_str, line_of, parse_yaml
 from rls.core.keys import key_hash_problem
+from rls.setting_rules import FAILURE_MODES
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
 MAX_FILE_BYTES = 1 << 20
@@ -316,11 +317,11 @@ class _ConfigDraft:
         domain_name = domain.name
         mode = found.check("", as_str, file, doc.get("failure_mode"), "failure_mode")
         if mode:
-            if mode in ("allow", "deny"):
+            if mode in FAILURE_MODES:
                 domain.failure_mode = mode
             else:
                 found.add(ConfigError(
-                    file, f"failure_mode must be 'allow' or 'deny', not '{mode}'",
+                    file, f"failure_mode must be 'allow', 'deny' or 'error', not '{mode}'",
                     line=line_of(doc, "failure_mode"), node="failure_mode",
                 ))
         found.check(None, _domain_key_hash, file, doc, domain)

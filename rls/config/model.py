@@ -76,7 +76,7 @@ class Domain:
     name: str
     root: Level
     files: tuple[str, ...] = ()
-    failure_mode: str | None = None  # allow | deny when the backend fails; None = global
+    failure_mode: str | None = None  # allow | deny | error when the store fails; None = global
     usage: Any = None  # rls.core.usage.UsageConfig when usage_stats is configured
     # `key_hash: md5|xxh3`: counter keys carry a digest of the descriptor (rls.core.keys);
     # "" keeps them readable.

@@ -47,6 +47,9 @@ ALGORITHMS: tuple[str, ...] = ALGORITHM_NAMES  # YAML names, from the registry
 # first charge and lasts the window, so each key has its own bounds.
 WINDOW_ALIGNED = "aligned"
 WINDOW_ROLLING = "rolling_from_first_hit"
+# `charge:` values (Limit.charge_always and Limit.costs_on_allow say what each means).
+CHARGE_DEFAULT = "costs_always"
+CHARGES = ("on_allow", CHARGE_DEFAULT, "always")
 WINDOWS: tuple[str, ...] = (WINDOW_ALIGNED, WINDOW_ROLLING)
 
 
@@ -75,7 +78,13 @@ class Limit:
     # charge, not at an epoch or calendar boundary.
     rolling: bool = False
     timezone: str = "UTC"
+    # When hits are recorded (YAML `charge`). Unset (`costs_always`): plain hits only when the
+    # whole request is admitted, an explicit cost (Envoy's per-descriptor hits_addend > 0)
+    # whatever the decision, since Envoy sends costs known after the response (its
+    # apply_on_stream_done call, whose answer it ignores) exactly like request-time ones.
+    # `on_allow`: every hit only when admitted. `always`: every hit whatever the decision.
     charge_always: bool = False
+    costs_on_allow: bool = False
     # Whether is_negative_hits may give hits back (YAML `accept_releases`); None = only for
     # `concurrency`, whose leases are released that way. Elsewhere a release is ignored: any
     # caller could otherwise zero any counter with one huge negative addend.
@@ -89,6 +98,13 @@ class Limit:
     # candidate itself, its name (its counter key is the live key + its ident, `~<name>~...`).
     candidates: tuple[Limit, ...] = ()
     candidate: str = ""
+
+    @property
+    def charge(self) -> str:
+        """The YAML `charge:` value this limit was declared with (one of CHARGES)."""
+        if self.charge_always:
+            return "always"
+        return "on_allow" if self.costs_on_allow else CHARGE_DEFAULT
 
     def __post_init__(self) -> None:
         # Frozen: the derived fields are set once here (object.__setattr__), never after.

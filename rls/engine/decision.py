@@ -46,6 +46,12 @@ class Overloaded(RuntimeError):
     UNAVAILABLE so that Envoy's own failure mode decides, instead of a silent OK."""
 
 
+class StoreFailed(RuntimeError):
+    """The store could not decide and the failure mode is `error`: the caller gets UNAVAILABLE
+    at once, so that its own failure mode decides (Envoy's failure_mode_deny, Envoy Gateway's
+    failClosed), as with the reference, which returns an error when Redis fails."""
+
+
 class NoConfigLoaded(RuntimeError):
     """No rate limit configuration is loaded: UNAVAILABLE (503 on the admin API)."""
 

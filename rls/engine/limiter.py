@@ -27,12 +27,13 @@ from rls.engine.decision import (
     NoConfigLoaded,
     Overloaded,
     Status,
+    StoreFailed,
 )
 from rls.engine.decision_log import DecisionLog
 from rls.engine.fallback import FallbackLimiter
 from rls.engine.outcomes import OverrideLimits, fold_outcomes
 from rls.engine.over_limit_cache import OverLimitCache
-from rls.engine.rules import COUNTED, UNLIMITED, domain_shadowed, fails_open, limit_role
+from rls.engine.rules import COUNTED, UNLIMITED, domain_shadowed, failure_mode, limit_role
 from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.engine.unknown_domains import UnknownDomains
 from rls.logging_setup import LogGate
@@ -54,7 +55,7 @@ StoreCall = Callable[
 # The decision values are defined in rls.engine.decision and re-exported here for callers.
 __all__ = [
     "OK", "OVER_LIMIT", "UNLIMITED_REMAINING", "Decision", "DescriptorIn", "InvalidRequest",
-    "NoConfigLoaded", "Overloaded", "RateLimiter", "Status", "StoreCall",
+    "NoConfigLoaded", "Overloaded", "RateLimiter", "Status", "StoreCall", "StoreFailed",
 ]
 
 
@@ -237,15 +238,17 @@ class RateLimiter:
         Check; unlimited ones are answered here (remaining 2^32-1)."""
         settings = self.settings
         default_hits = request_hits if request_hits > 0 else 1
-        matched: list[tuple[int, Limit, str, str | None, int, bool]] = []
+        # (descriptor, limit, key, dynamic metadata, hits, release, an explicit cost)
+        matched: list[tuple[int, Limit, str, str | None, int, bool, bool]] = []
         replaced: set[str] = set()
         prefix = settings.key_prefix
         for i, desc in enumerate(descriptors):
             hits = default_hits if desc.hits is None else desc.hits
+            cost = desc.hits is not None and desc.hits > 0  # Envoy's per-descriptor hits_addend
             if desc.override is not None:
                 limit = self._overrides.limit(domain, desc)
                 key = counter_key(prefix, domain, desc.entries, limit.ident, dom.key_hash)
-                matched.append((i, limit, key, None, hits, desc.negative))
+                matched.append((i, limit, key, None, hits, desc.negative, cost))
                 continue
             targets = memo.get(desc.entries)
             if targets is None:
@@ -254,10 +257,10 @@ class RateLimiter:
             for limit, key, dyn, _ in targets:
                 if limit.replaces:
                     replaced.update(limit.replaces)
-                matched.append((i, limit, key, dyn, hits, desc.negative))
+                matched.append((i, limit, key, dyn, hits, desc.negative, cost))
 
         checks: list[Check] = []
-        for i, limit, key, dyn, hits, negative in matched:
+        for i, limit, key, dyn, hits, negative, cost in matched:
             role = limit_role(limit, replaced)
             if role != COUNTED:
                 if role == UNLIMITED:
@@ -268,8 +271,8 @@ class RateLimiter:
                 flags |= SHADOW
             if limit.quota_mode or settings.quota_mode:
                 flags |= QUOTA
-            if limit.charge_always:
-                flags |= CHARGE_ALWAYS
+            if limit.charge_always or (cost and not limit.costs_on_allow):
+                flags |= CHARGE_ALWAYS  # see Limit.charge_always
             if negative:
                 if not limit.accept_releases:  # see Limit.accept_releases
                     self.metrics.releases_ignored.labels(domain).inc()
@@ -332,9 +335,14 @@ class RateLimiter:
     ) -> Decision:
         """The store could not decide: the domain's failure mode answers, and says so.
 
-        In deny mode every limited descriptor shows OVER_LIMIT (not a misleading OK)."""
-        allow = fails_open(self.settings, dom)
-        self.metrics.count_failure_answer(domain, reason, "allow" if allow else "deny")
+        In deny mode every limited descriptor shows OVER_LIMIT (not a misleading OK); in error
+        mode the call fails (StoreFailed: UNAVAILABLE) and the caller's own failure mode
+        decides."""
+        mode = failure_mode(self.settings, dom)
+        self.metrics.count_failure_answer(domain, reason, mode)
+        if mode == "error":
+            raise StoreFailed(f"the counter store could not decide ({reason})")
+        allow = mode == "allow"
         overall = OK if allow else OVER_LIMIT
         if not allow:
             for check in checks:

@@ -36,8 +36,9 @@ def domain_shadowed(settings: Settings, domain: str) -> bool:
     return settings.shadow_mode or settings.limiting_off or domain in settings.shadow_domains
 
 
-def fails_open(settings: Settings, dom: Domain | None) -> bool:
-    """Whether a request the store could not decide is allowed: the domain's failure mode,
-    else the global one; with limiting switched off, always."""
-    mode = (dom.failure_mode if dom is not None else None) or settings.failure_mode
-    return mode == "allow" or settings.limiting_off
+def failure_mode(settings: Settings, dom: Domain | None) -> str:
+    """What answers a request the store could not decide: the domain's failure mode, else the
+    global one (allow, deny or error); with limiting switched off, always allow."""
+    if settings.limiting_off:
+        return "allow"
+    return (dom.failure_mode if dom is not None else None) or settings.failure_mode

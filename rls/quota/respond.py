@@ -20,7 +20,7 @@ import math
 from collections.abc import Awaitable, Iterable
 
 from rls.config.model import Domain
-from rls.engine.rules import domain_shadowed, fails_open
+from rls.engine.rules import domain_shadowed, failure_mode
 from rls.quota.actions import (
     ALLOW_ALL,
     ALLOW_TTL_S,
@@ -115,7 +115,9 @@ class Responder:
             reporter.batch(domain, entries, check, out)
 
     def failure_rule(self, dom: Domain | None) -> int:
-        return int(ALLOW_ALL if fails_open(self.ctx.settings, dom) else DENY_ALL)
+        """A bucket the store could not charge: DENY_ALL in deny mode, else ALLOW_ALL (quota
+        mode has no error answer per bucket: `error` allows, as Envoy's default would)."""
+        return int(DENY_ALL if failure_mode(self.ctx.settings, dom) == "deny" else ALLOW_ALL)
 
     def unmatched(self, bucket: Bucket, answer: Answer) -> None:
         """A bucket no limit matches: the default rule (RLS_QUOTA_UNMATCHED)."""

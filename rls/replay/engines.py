@@ -91,10 +91,12 @@ class Cell:
         self.window = window
 
 
-# A request's plan: its counters (cell, window ms, limit, hits or 1 for a 0-hit check, hits;
-# shared counters folded), per check in the limiter's order (descriptor index, counter index,
-# the limit's config path), and the FastEngine epoch it was made in.
-Counter = tuple[Cell, int, int, int, int]
+# A request's plan: its counters (cell, window ms, limit, hits or 1 for a 0-hit check, hits,
+# whether they are charged even when the request is rejected: an explicit cost, see
+# Limit.charge_always; shared counters folded as the limiter folds them, the first check's
+# rule for the sum), per check in the limiter's order (descriptor index, counter index, the
+# limit's config path), and the FastEngine epoch it was made in.
+Counter = tuple[Cell, int, int, int, int, bool]
 Plan = tuple[tuple[Counter, ...], tuple[tuple[int, int, str], ...], int]
 
 
@@ -118,10 +120,11 @@ class FastEngine:
     def plan(self, shape: Shape) -> Plan:
         dom = self.config.domains[shape.domain]
         default_hits = shape.hits if shape.hits > 0 else 1
-        matched: list[tuple[int, Limit, str, int]] = []
+        matched: list[tuple[int, Limit, str, int, bool]] = []
         replaced: set[str] = set()
         for i, desc in enumerate(shape.descriptors):
             hits = default_hits if desc.hits is None else desc.hits
+            cost = desc.hits is not None and desc.hits > 0
             targets = self._targets.get((shape.domain, desc.entries))
             if targets is None:
                 if len(self._targets) >= TARGETS_MAX:
@@ -133,12 +136,12 @@ class FastEngine:
                 replaced.update(limit.replaces)
                 if desc.negative:
                     continue  # a release of a limit that accepts none: ignored (limiter)
-                matched.append((i, limit, key, hits))
+                matched.append((i, limit, key, hits, cost and not limit.costs_on_allow))
         folded: list[list[Any]] = []
         index: dict[str, int] = {}
         checks = []
         cells = self.cells
-        for i, limit, key, hits in matched:
+        for i, limit, key, hits, always in matched:
             if limit_role(limit, replaced) != COUNTED:
                 continue
             j = index.get(key)
@@ -147,10 +150,10 @@ class FastEngine:
                 cell = cells.get(key)
                 if cell is None:
                     cell = cells[key] = Cell(limit.window_ms)
-                folded.append([cell, limit.window_ms, limit.requests_per_unit, 0])
+                folded.append([cell, limit.window_ms, limit.requests_per_unit, 0, always])
             folded[j][3] += hits
             checks.append((i, j, limit.full_key))
-        counters = tuple((c, w, r, h if h else 1, h) for c, w, r, h in folded)
+        counters = tuple((c, w, r, h if h else 1, h, a) for c, w, r, h, a in folded)
         return counters, tuple(checks), self.epoch
 
     def decide(self, ts: int, shape: Shape) -> Result:
@@ -161,7 +164,7 @@ class FastEngine:
             plan = shape.plans[self.slot] = self.plan(shape)
         counters = plan[0]
         moved: list[tuple[Cell, int, int]] | None = None  # cells moved to a new window
-        for cell, window, cap, need, _ in counters:
+        for cell, window, cap, need, _, _ in counters:
             idx = ts // window
             if cell.index != idx:
                 if moved is None:
@@ -173,10 +176,23 @@ class FastEngine:
                 if moved:  # a rejected request writes nothing (a late line may read them)
                     for c, index, used in moved:
                         c.index, c.used = index, used
-                return True, self._overs(ts, plan)
-        for cell, _, _, _, hits in counters:
+                overs = self._overs(ts, plan)
+                self._charge_costs(ts, counters)
+                return True, overs
+        for cell, _, _, _, hits, _ in counters:
             cell.used += hits
         return NOT_LIMITED
+
+    @staticmethod
+    def _charge_costs(ts: int, counters: tuple[Counter, ...]) -> None:
+        """A rejected request's explicit costs, charged all the same (Limit.charge_always)."""
+        for cell, window, _, _, hits, always in counters:
+            if always and hits:
+                idx = ts // window
+                if cell.index != idx:
+                    cell.index = idx
+                    cell.used = 0
+                cell.used += hits
 
     @staticmethod
     def _overs(ts: int, plan: Plan) -> tuple[tuple[int, str], ...]:
@@ -185,7 +201,7 @@ class FastEngine:
         counters, checks, _ = plan
         chosen: dict[int, tuple[int, str]] = {}
         for i, j, full_key in checks:
-            cell, window, cap, need, _ = counters[j]
+            cell, window, cap, need, _, _ = counters[j]
             if (cell.used if cell.index == ts // window else 0) + need <= cap:
                 continue
             reset = window - ts % window

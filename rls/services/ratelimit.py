@@ -19,6 +19,7 @@ from rls.engine.limiter import (
     NoConfigLoaded,
     Overloaded,
     RateLimiter,
+    StoreFailed,
 )
 from rls.logging_setup import LogGate
 from rls.memo import PARSE_MEMO_BYTES, PARSE_MEMO_ENTRIES, BoundedCache, entries_cost
@@ -30,6 +31,10 @@ from rls.settings import Settings
 log = logging.getLogger("rls.service")
 
 SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
+# Why a call was answered UNAVAILABLE (rls_errors_total's reason).
+_UNAVAILABLE_REASON: dict[type[Exception], str] = {
+    Overloaded: "overloaded", NoConfigLoaded: "unavailable", StoreFailed: "store_failed",
+}
 
 # (domain, descriptors, request hits_addend, the decoded request when at hand)
 Parsed = tuple[str, list[DescriptorIn], int, rls_pb2.RateLimitRequest | None]
@@ -94,9 +99,8 @@ class RateLimitService:
             )
         except InvalidRequest as exc:
             await self._reject(context, str(exc))
-        except (Overloaded, NoConfigLoaded) as exc:
-            reason = "overloaded" if isinstance(exc, Overloaded) else "unavailable"
-            self.metrics.errors.labels(reason).inc()
+        except (Overloaded, NoConfigLoaded, StoreFailed) as exc:
+            self.metrics.errors.labels(_UNAVAILABLE_REASON[type(exc)]).inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             self._inflight -= 1

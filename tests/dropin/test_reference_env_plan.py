@@ -38,8 +38,16 @@ def test_reference_defaults_become_rls_serve_flags(tmp_path: Path) -> None:
     assert flags(got.argv) == {
         "--grpc-addr": "0.0.0.0:8081", "--http-addr": "0.0.0.0:8080", "--admin-read-only": None,
         "--config": f"{tmp_path}/config", "--allow-empty-config": None,
-        "--prometheus-addr": ":9090",
+        "--prometheus-addr": ":9090", "--failure-mode": "error",
     }
+
+
+def test_a_store_failure_is_an_error_for_envoy_to_decide_unless_rls_is_told_otherwise() -> None:
+    """The reference returns a gRPC error when Redis fails, so Envoy's failure_mode_deny (Envoy
+    Gateway's failClosed) decides: /bin/ratelimit answers UNAVAILABLE too, not an OK of its
+    own; RLS_FAILURE_MODE still wins."""
+    assert flags(plan({"RLS_CONFIG": "/x"}).argv)["--failure-mode"] == "error"
+    assert "--failure-mode" not in plan({"RLS_CONFIG": "/x", "RLS_FAILURE_MODE": "allow"}).argv
 
 
 def test_rls_variables_win_and_a_token_opens_the_whole_admin_api(tmp_path: Path) -> None:

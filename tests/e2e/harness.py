@@ -144,7 +144,9 @@ class Gate:
 class Backend:
     """A plain HTTP/1.1 upstream on a free port that records what reached it.
 
-    The answer is a small JSON document, or exactly N bytes when the query has `size=N`.
+    The answer is a small JSON document, or exactly N bytes when the query has `size=N`; with
+    `tokens=N` it carries `x-tokens-used: N` (a cost known only at the response, as an LLM
+    backend reports the tokens it used).
     Requests under a prefix given to `hold()` are recorded at once but answered only when the
     test releases them (in-flight requests for concurrency tests).
     """
@@ -175,7 +177,9 @@ class Backend:
                     gates = [g for g in backend._gates if self.path.startswith(g.prefix)]
                 for gate in gates:
                     gate.wait(self.path)
-                size = parse_qs(urlsplit(self.path).query).get("size")
+                query = parse_qs(urlsplit(self.path).query)
+                size = query.get("size")
+                tokens = query.get("tokens")
                 if size:
                     payload = b"x" * int(size[0])
                 else:
@@ -189,6 +193,8 @@ class Backend:
                         "content-type", "application/octet-stream" if size else "application/json"
                     )
                     self.send_header("content-length", str(len(payload)))
+                    if tokens:
+                        self.send_header("x-tokens-used", tokens[0])
                     self.end_headers()
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):

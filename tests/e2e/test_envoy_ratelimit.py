@@ -44,6 +44,7 @@ descriptors:
           name: translate_bytes_per_user
           unit: hour
           requests_per_unit: {TRANSLATE_BYTES}
+          charge: on_allow  # a request-time cost: one that does not fit charges nothing
 """
 
 
@@ -141,7 +142,7 @@ def test_weighted_hits_by_request_body_size(gw: Gateway) -> None:
         assert_allowed(resp, remaining, TRANSLATE_BYTES, gw)
         policies = resp.headers["x-ratelimit-limit"]
         assert f'{TRANSLATE_BYTES};w={HOUR};name="translate_bytes_per_user"' in policies
-    # 400 bytes do not fit in the 200 left: rejected, and (DESIGN §6) nothing is charged.
+    # 400 bytes do not fit in the 200 left: rejected, and (`charge: on_allow`) not charged.
     assert_limited(gw.call("/translate", "alice", method="POST", body=body), gw)
     assert_allowed(gw.call("/translate", "alice", method="POST", body=b"y" * 150), 50,
                    TRANSLATE_BYTES, gw)

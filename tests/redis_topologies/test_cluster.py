@@ -41,15 +41,16 @@ from .rlsclient import (
 from .servers import ClusterTopology
 
 DOMAIN = "cl"
+# `charge: on_allow`: weighted calls here are request-time costs, charged all or nothing.
 CONFIG = """
 domain: cl
 descriptors:
   - key: a
-    rate_limit: {unit: year, requests_per_unit: 5}
+    rate_limit: {unit: year, requests_per_unit: 5, charge: on_allow}
   - key: b
-    rate_limit: {unit: year, requests_per_unit: 3}
+    rate_limit: {unit: year, requests_per_unit: 3, charge: on_allow}
   - key: c
-    rate_limit: {unit: year, requests_per_unit: 10}
+    rate_limit: {unit: year, requests_per_unit: 10, charge: on_allow}
   - key: one
     rate_limit: {unit: year, requests_per_unit: 50}
   - key: wide

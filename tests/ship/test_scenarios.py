@@ -58,8 +58,12 @@ def D(entries: Entries, hits: int | None = None) -> DescriptorIn:
     return DescriptorIn(tuple(entries), hits=hits)
 
 
-async def decide(lim: RateLimiter, domain: str, *descs: DescriptorIn, now_ms: int) -> Decision:
-    return await lim.should_rate_limit(domain, list(descs), 0, now_ms=now_ms)
+async def decide(
+    lim: RateLimiter, domain: str, *descs: DescriptorIn, now_ms: int, calls: int = 0
+) -> Decision:
+    """One request; `calls` > 1 weighs it as that many calls (the request-level hits_addend, a
+    plain weight: charged all or nothing, unlike a descriptor's own cost)."""
+    return await lim.should_rate_limit(domain, list(descs), calls, now_ms=now_ms)
 
 
 async def used(lim: RateLimiter, domain: str, entries: Entries, now_ms: int) -> dict[str, int]:
@@ -201,41 +205,41 @@ def test_gateway_weighted_hits_over_grpc(rls_factory):
 async def test_open_platform_app_ip_and_app_user_interface_at_once(limiter_for):
     """§9.2: 10,000/hour per app+IP and 1,000/hour per app+user+interface, checked together.
 
-    Weighted hits keep it fast: 10,000 hits then 1 is the 10,001st call of the hour.
+    Weighted calls keep it fast: 10,000 calls then 1 is the 10,001st call of the hour.
     """
     lim = limiter_for("open-platform")
     dom = "open_platform"
     t = T_HOUR + MINUTE
     app_ip = (("app", "42"), ("ip", "10.0.0.1"))
 
-    r = await decide(lim, dom, D(app_ip, 10000), now_ms=t)
+    r = await decide(lim, dom, D(app_ip), calls=10000, now_ms=t)
     assert r.overall == OK and r.statuses[0].remaining == 0
-    r = await decide(lim, dom, D(app_ip, 1), now_ms=t + 1)
+    r = await decide(lim, dom, D(app_ip), now_ms=t + 1)
     assert r.overall == OVER_LIMIT, "the 10,001st call in the hour"
     assert r.statuses[0].limit.name == "app_ip_per_hour"
     assert r.statuses[0].reset_seconds == 3540
-    r = await decide(lim, dom, D((("app", "42"), ("ip", "10.0.0.2")), 1), now_ms=t + 2)
+    r = await decide(lim, dom, D((("app", "42"), ("ip", "10.0.0.2"))), now_ms=t + 2)
     assert r.overall == OK and r.statuses[0].remaining == 9999, "another IP goes through"
-    r = await decide(lim, dom, D((("app", "7"), ("ip", "10.0.0.1")), 1), now_ms=t + 3)
+    r = await decide(lim, dom, D((("app", "7"), ("ip", "10.0.0.1"))), now_ms=t + 3)
     assert r.overall == OK, "another app from the same IP goes through"
 
     # Both limits on one call: the tighter one decides, and a rejection charges neither.
     ip2 = (("app", "42"), ("ip", "10.0.0.2"))
     send = (("app", "42"), ("user", "u1"), ("interface", "send_msg"))
-    r = await decide(lim, dom, D(ip2, 1000), D(send, 1000), now_ms=t + 10)
+    r = await decide(lim, dom, D(ip2), D(send), calls=1000, now_ms=t + 10)
     assert r.overall == OK
     assert [s.remaining for s in r.statuses] == [8999, 0]
-    r = await decide(lim, dom, D(ip2, 1), D(send, 1), now_ms=t + 11)
+    r = await decide(lim, dom, D(ip2), D(send), now_ms=t + 11)
     assert r.overall == OVER_LIMIT
     assert r.statuses[0].code == OK and r.statuses[0].remaining == 8999
     assert r.statuses[1].code == OVER_LIMIT
     assert r.statuses[1].limit.name == "app_user_interface_per_hour"
     assert await used(lim, dom, ip2, t + 12) == {"app_ip_per_hour": 1001}
     other_interface = (("app", "42"), ("user", "u1"), ("interface", "get_user"))
-    r = await decide(lim, dom, D(ip2, 1), D(other_interface, 1), now_ms=t + 13)
+    r = await decide(lim, dom, D(ip2), D(other_interface), now_ms=t + 13)
     assert r.overall == OK
 
-    r = await decide(lim, dom, D(app_ip, 1), now_ms=T_HOUR + HOUR)
+    r = await decide(lim, dom, D(app_ip), now_ms=T_HOUR + HOUR)
     assert r.overall == OK and r.statuses[0].remaining == 9999, "the next hour starts afresh"
 
 
@@ -246,25 +250,25 @@ async def test_open_platform_borrowing_1200_in_hour_one_leaves_800_for_hour_two(
     trial = (("plan", "trial"), ("app", "42"))
     hour1, hour2, hour3 = T_HOUR + 1000, T_HOUR + HOUR + 1000, T_HOUR + 2 * HOUR + 1000
 
-    r = await decide(lim, dom, D(trial, 1000), now_ms=hour1)
+    r = await decide(lim, dom, D(trial), calls=1000, now_ms=hour1)
     assert r.overall == OK and r.statuses[0].remaining == 300
-    r = await decide(lim, dom, D(trial, 200), now_ms=hour1 + 1)
+    r = await decide(lim, dom, D(trial), calls=200, now_ms=hour1 + 1)
     assert r.overall == OK and r.statuses[0].remaining == 100
-    r = await decide(lim, dom, D(trial, 101), now_ms=hour1 + 2)
+    r = await decide(lim, dom, D(trial), calls=101, now_ms=hour1 + 2)
     assert r.overall == OVER_LIMIT, "at most 1,300 in an hour that starts free of debt"
     assert await used(lim, dom, trial, hour1 + 3) == {"trial_app_per_hour": 1200}
 
     (limits,) = await lim.query(dom, [D(trial)], now_ms=hour2)
     ((_, outcome),) = limits
     assert (outcome.used, outcome.remaining) == (200, 800), "the 200 borrowed are owed"
-    r = await decide(lim, dom, D(trial, 800), now_ms=hour2 + 1)
+    r = await decide(lim, dom, D(trial), calls=800, now_ms=hour2 + 1)
     assert r.overall == OK and r.statuses[0].remaining == 0
-    r = await decide(lim, dom, D(trial, 1), now_ms=hour2 + 2)
+    r = await decide(lim, dom, D(trial), now_ms=hour2 + 2)
     assert r.overall == OVER_LIMIT, "an hour that repays debt may not borrow"
 
-    r = await decide(lim, dom, D(trial, 1300), now_ms=hour3)
+    r = await decide(lim, dom, D(trial), calls=1300, now_ms=hour3)
     assert r.overall == OK, "hour 3 starts free of debt and may borrow again"
-    assert (await decide(lim, dom, D(trial, 1), now_ms=hour3 + 1)).overall == OVER_LIMIT
+    assert (await decide(lim, dom, D(trial), now_ms=hour3 + 1)).overall == OVER_LIMIT
 
 
 def test_open_platform_usage_statistics_over_the_admin_api(rls_factory, store_url):
