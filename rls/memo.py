@@ -10,7 +10,8 @@ the gauges move only when an entry is added or dropped, never on a hit.
 
 Defaults (docs/reliability.md, "Memory"):
 - `request_parse`: decoded requests by their wire bytes, 4,096 entries / 16 MiB per process;
-- `match`: match results by descriptor entries, 10,000 entries / 16 MiB per domain.
+- `match`: match results by descriptor entries, 10,000 entries / 16 MiB per domain;
+- `plan`: request shapes' checks, 4,096 entries / 8 MiB per process.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ MATCH_MEMO_ENTRIES = 10_000
 MATCH_MEMO_BYTES = 16 << 20
 PARSE_MEMO_ENTRIES = 4096
 PARSE_MEMO_BYTES = 16 << 20
+# Request shapes' checks (rls.engine.limiter): one plan per memoised request, so as many.
+PLAN_ENTRIES = PARSE_MEMO_ENTRIES
+PLAN_BYTES = 8 << 20
+PLAN_CHECK_BYTES = 160  # a planned Check (its limit and key are the match memo's)
 
 # Gauge children by memo name, set by rls.metrics.Metrics (the most recent one wins).
 _GAUGES: dict[str, tuple[Any, Any]] = {}

@@ -94,6 +94,9 @@ class Limit:
     index: int = 0
     ident: str = ""
     window_ms: int = 0
+    # Derived: an epoch-aligned fixed window (no overdraft, not rolling, not calendar), the
+    # plain counter the stores decide on their shortest path.
+    plain: bool = False
     # Candidate limits counted beside this one (YAML `candidates:`), never enforced; and, on a
     # candidate itself, its name (its counter key is the live key + its ident, `~<name>~...`).
     candidates: tuple[Limit, ...] = ()
@@ -117,6 +120,10 @@ class Limit:
                 self, "window_ms",
                 UNIT_SECONDS[self.unit] * 1000 * max(1, self.unit_multiplier),
             )
+        derived(self, "plain", (
+            self.algorithm == "fixed_window" and not self.overdraft and not self.rolling
+            and not self.calendar
+        ))
         if not self.ident:
             ident = f"{KEY_TAGS[self.algorithm]}{self.window_ms // 1000}"
             if self.calendar:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from rls.config.model import Domain, Limit, RateLimitConfig
 from rls.core.keys import counter_key
@@ -37,7 +38,14 @@ from rls.engine.rules import COUNTED, UNLIMITED, domain_shadowed, failure_mode, 
 from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.engine.unknown_domains import UnknownDomains
 from rls.logging_setup import LogGate
-from rls.memo import MATCH_MEMO_BYTES, MATCH_MEMO_ENTRIES, BoundedCache
+from rls.memo import (
+    MATCH_MEMO_BYTES,
+    MATCH_MEMO_ENTRIES,
+    PLAN_BYTES,
+    PLAN_CHECK_BYTES,
+    PLAN_ENTRIES,
+    BoundedCache,
+)
 from rls.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.base import Backend, BackendError, StoreDown
@@ -88,6 +96,8 @@ class RateLimiter:
         self._fallback = FallbackLimiter(settings.fallback_share, metrics)
         self._memo_config: RateLimitConfig | None = None
         self._memos: dict[str, BoundedCache] = {}
+        # Request shapes' checks under the current config (_planned_checks), by descriptors.
+        self._plans = BoundedCache("plan", PLAN_ENTRIES, PLAN_BYTES)
         self._unknown_domains = UnknownDomains(metrics.domain_not_found)
         self.top = TopTalkers()  # who is over / near their limits (admin /top, `rls top`)
         self._near_ratio = settings.near_limit_ratio
@@ -121,7 +131,9 @@ class RateLimiter:
             return Decision(OK, statuses)
 
         memo = self._memo(config, domain)
-        checks = self._checks(dom, domain, descriptors, request_hits, now_ms, statuses, memo)
+        checks = self._planned_checks(
+            dom, domain, descriptors, request_hits, now_ms, statuses, memo
+        )
         usage = self._usage(dom, domain, descriptors, now_ms)
         over_cache = self._over_cache
         cands = 0  # candidate checks at the end of `checks` (rls/core/admission.py)
@@ -224,7 +236,7 @@ class RateLimiter:
             decision.metadata = passed_metadata(memo, descriptors, statuses)
         return decision
 
-    def _checks(
+    def _planned_checks(
         self,
         dom: Domain,
         domain: str,
@@ -234,8 +246,52 @@ class RateLimiter:
         statuses: list[Status],
         memo: BoundedCache,
     ) -> list[Check]:
+        """`_checks` of a request shape seen before under this config, from its plan.
+
+        Envoy sends byte-identical requests for the same caller and route, and the service's
+        parse memo hands the same descriptors object for them: the checks (matched limits,
+        counter keys, hits, flags), the unlimited descriptors and the ignored releases are
+        worked out once per shape and config. Not planned: calendar windows (their bounds
+        depend on the time). The checks are shared between calls and never changed."""
+        plans = self._plans
+        found = plans.get(id(descriptors))
+        if (
+            found is not None and found[0] is descriptors and found[1] == request_hits
+            and found[2] == domain
+        ):
+            _, _, _, planned, unlimited, ignored = found
+            for i in unlimited:
+                statuses[i].remaining = UNLIMITED_REMAINING
+            if ignored:
+                self.metrics.releases_ignored.labels(domain).inc(ignored)
+            return list(planned)
+        checks, ignored = self._checks(
+            dom, domain, descriptors, request_hits, now_ms, statuses, memo
+        )
+        if all(check.bounds is None for check in checks):
+            unlimited = tuple(
+                i for i, st in enumerate(statuses) if st.remaining == UNLIMITED_REMAINING
+            )
+            plans.put(
+                id(descriptors),
+                (descriptors, request_hits, domain, tuple(checks), unlimited, ignored),
+                PLAN_CHECK_BYTES * (len(checks) + 1),
+            )
+        return checks
+
+    def _checks(
+        self,
+        dom: Domain,
+        domain: str,
+        descriptors: Sequence[DescriptorIn],
+        request_hits: int,
+        now_ms: int | None,
+        statuses: list[Status],
+        memo: BoundedCache,
+    ) -> tuple[list[Check], int]:
         """Match every descriptor and turn each limit that applies (rls.engine.rules) into a
-        Check; unlimited ones are answered here (remaining 2^32-1)."""
+        Check; unlimited ones are answered here (remaining 2^32-1). Also: how many releases
+        were ignored (counted here)."""
         settings = self.settings
         default_hits = request_hits if request_hits > 0 else 1
         # (descriptor, limit, key, dynamic metadata, hits, release, an explicit cost)
@@ -260,6 +316,7 @@ class RateLimiter:
                 matched.append((i, limit, key, dyn, hits, desc.negative, cost))
 
         checks: list[Check] = []
+        ignored = 0
         for i, limit, key, dyn, hits, negative, cost in matched:
             role = limit_role(limit, replaced)
             if role != COUNTED:
@@ -276,6 +333,7 @@ class RateLimiter:
             if negative:
                 if not limit.accept_releases:  # see Limit.accept_releases
                     self.metrics.releases_ignored.labels(domain).inc()
+                    ignored += 1
                     continue
                 flags |= NEGATIVE
             bounds = None
@@ -283,8 +341,7 @@ class RateLimiter:
                 clock_ms = now_ms if now_ms is not None else int(time.time() * 1000)
                 bounds = self._calendar.bounds(limit, clock_ms)
             checks.append(Check(i, limit, key, hits, flags, dyn, bounds))
-
-        return checks
+        return checks, ignored
 
     def _memo(self, config: RateLimitConfig, domain: str) -> BoundedCache:
         """This config's match memo of `domain` (entries -> matched limits and counter keys).
@@ -294,6 +351,7 @@ class RateLimiter:
         if config is not self._memo_config:
             self._memo_config = config
             self._memos = {}
+            self._plans.clear()
         memo = self._memos.get(domain)
         if memo is None:
             memo = self._memos[domain] = BoundedCache(
@@ -357,8 +415,7 @@ class RateLimiter:
         """The other descriptors of a request the local over-limit cache rejected: their
         current state (nothing is charged: the request is rejected) and their stats, as the
         reference reports them. A store failure leaves them without current_limit."""
-        for check in checks:
-            check.flags &= SHADOW | QUOTA
+        checks = [replace(check, flags=check.flags & (SHADOW | QUOTA)) for check in checks]
         try:
             if self._decide_now is not None:
                 verdict = self._decide_now(checks, now_ms, charge=False)
@@ -388,7 +445,7 @@ class RateLimiter:
         if dom is None:
             return result
         statuses = [Status() for _ in descriptors]
-        checks = self._checks(
+        checks, _ = self._checks(
             dom, domain, descriptors, 0, now_ms, statuses, self._memo(config, domain)
         )
         for check in checks:

@@ -28,6 +28,7 @@ from typing import Any
 
 from rls.core.admission import admit
 from rls.core.algorithms import ALGORITHMS
+from rls.core.algorithms.base import GRACE_MS
 from rls.core.model import NEGATIVE, Check, Outcome, Verdict
 from rls.core.usage import UsageOp
 from rls.event_loop import cancel_and_wait
@@ -165,6 +166,10 @@ class MemoryBackend:
     ) -> Verdict:
         if now_ms is None:
             now_ms = int(self._clock() * 1000)
+        if charge:
+            plain = self._decide_plain(checks, now_ms)
+            if plain is not None:
+                return plain
         data = self._data
         rows, flagged, all_ok = self._evaluate(checks, now_ms)
         if flagged:
@@ -213,6 +218,53 @@ class MemoryBackend:
             if self.nbytes > self.max_bytes:
                 self.evict(now_ms)
         return Verdict(admitted, outcomes)
+
+    def _decide_plain(self, checks: Sequence[Check], now_ms: int) -> Verdict | None:
+        """decide_now for the commonest request: plain epoch-aligned fixed windows without
+        flags, all or nothing. The same reads, writes and outcomes as the general path through
+        FixedWindow (tests/algorithms pin the two and Redis to one model), in one loop without
+        its per-check calls; None when any check is not such a window."""
+        data = self._data
+        reads = []
+        all_ok = True
+        for check in checks:
+            limit = check.limit
+            if check.flags or not limit.plain or check.bounds is not None:
+                return None
+            window = limit.window_ms
+            start = now_ms - now_ms % window
+            used = 0
+            entry = data.get(check.key)
+            if entry is not None and entry[1] >= now_ms and entry[0][0] == start:
+                used = entry[0][1]
+            hits = check.hits
+            cap = limit.requests_per_unit
+            ok = used < cap if hits == 0 else used + hits <= cap
+            all_ok = all_ok and ok
+            reads.append((check, start + window, used, cap, ok))
+        outcomes = []
+        if all_ok:
+            added = 0
+            for check, end, used, cap, _ in reads:
+                key = check.key
+                hits = check.hits
+                value = ((end - check.limit.window_ms, used + hits, 0), end + GRACE_MS)
+                if data.pop(key, None) is None:
+                    added += ENTRY_BYTES + len(key)
+                data[key] = value  # popped, re-inserted: now the most recent
+                outcomes.append(Outcome(True, True, max(0, cap - used - hits), end - now_ms, used))
+            if added:
+                self.nbytes += added
+                if self.nbytes > self.max_bytes:
+                    self.evict(now_ms)
+            return Verdict(True, outcomes)
+        track = self.nbytes > self._track_from
+        for check, end, used, cap, ok in reads:
+            # A use too (a denied caller keeps asking): the most recent, near the bound.
+            if track and (entry := data.pop(check.key, None)) is not None:
+                data[check.key] = entry
+            outcomes.append(Outcome(ok, False, max(0, cap - used) if ok else 0, end - now_ms, used))
+        return Verdict(False, outcomes)
 
     def evict(self, now_ms: int) -> int:
         """Back under the bound: expired counters first, then the least recently used,

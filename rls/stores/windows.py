@@ -27,10 +27,7 @@ FW_COUNTER = 2  # a plain integer in the window's own key
 
 def plain_window(limit: Limit) -> bool:
     """An epoch-aligned fixed window: no overdraft, not rolling, not calendar."""
-    return (
-        limit.algorithm == "fixed_window" and not limit.overdraft and not limit.rolling
-        and not limit.calendar
-    )
+    return limit.plain
 
 
 def counts_in_window(check: Check) -> bool:
