@@ -11,6 +11,7 @@ from google.protobuf.json_format import MessageToDict
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
 from rls.metrics import Metrics
+from rls.services import ratelimit as ratelimit_module
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
@@ -131,3 +132,42 @@ async def test_limiter_decision_carries_no_metadata_unless_asked() -> None:
     limiter = RateLimiter(lambda: config, MemoryBackend(sweep_interval=0), Settings(), Metrics())
     decision = await limiter.should_rate_limit("d", [DescriptorIn((("k", "v"),))])
     assert decision.metadata == []
+
+
+class _Context:
+    """What the handler asks of grpc.aio's ServicerContext on a decided call."""
+
+    def time_remaining(self) -> None:
+        return None
+
+    async def abort(self, code: object, details: str) -> None:
+        raise AssertionError(f"aborted: {code} {details}")
+
+
+async def test_a_memoised_request_is_not_decoded_again_with_extras_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The extras read the decoded request: the parse memo keeps it, so a byte-identical
+    request (Envoy's usual traffic) is decoded once, not at every call."""
+    decoded = 0
+    real = rls_pb2.RateLimitRequest
+
+    class Counting:
+        @staticmethod
+        def FromString(data: bytes) -> rls_pb2.RateLimitRequest:
+            nonlocal decoded
+            decoded += 1
+            return real.FromString(data)
+
+    class Module:
+        RateLimitRequest = Counting
+        RateLimitResponse = rls_pb2.RateLimitResponse
+
+    monkeypatch.setattr(ratelimit_module, "rls_pb2", Module)
+    svc = service(response_headers=True, dynamic_metadata=True)
+    data = request(("ip", "10.0.0.1")).SerializeToString()
+    answers = [rls_pb2.RateLimitResponse.FromString(await svc.should_rate_limit(data, _Context()))
+               for _ in range(3)]
+    assert decoded == 1
+    assert [headers(a)["RateLimit-Remaining"] for a in answers] == ["9", "8", "7"]
+    assert all(a.dynamic_metadata.fields for a in answers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from rls.config.model import Domain, Limit, RateLimitConfig
@@ -48,17 +48,14 @@ from rls.memo import (
 )
 from rls.metrics import Metrics
 from rls.settings import Settings
-from rls.stores.base import Backend, BackendError, StoreDown
-from rls.stores.deadline import OVERLOADED, Deadline, LoopLag
-from rls.stores.guard import decide_within, within
+from rls.stores.base import Backend, BackendError
+from rls.stores.calls import Decide, StoreCalls
+from rls.stores.deadline import OVERLOADED, LoopLag
 
 log = logging.getLogger("rls.limiter")
 
 # (checks, now_ms, usage, usage_ttl_ms, budget_s) -> outcomes, or None and why (tracing wraps it)
-StoreCall = Callable[
-    [list[Check], int | None, list[UsageOp] | None, int, float | None],
-    Awaitable[tuple[list[Outcome] | None, str]],
-]
+StoreCall = Decide
 
 # The decision values are defined in rls.engine.decision and re-exported here for callers.
 __all__ = [
@@ -83,15 +80,17 @@ class RateLimiter:
         self.metrics = metrics
         self._overrides = OverrideLimits()
         self._calendar = CalendarCache()
-        # An in-process store answers at once (no round trip to guard, no over-limit cache).
-        self._decide_now = backend.decide_now if backend.in_process else None
-        self.call_store: StoreCall = self._call_backend  # tracing wraps it at start
-        self._roundtrips = metrics.backend_calls.labels(backend.name)
         self._backend_errors = metrics.backend_errors.labels(backend.name, settings.failure_mode)
         self._failure_log = LogGate(per_second=1)
-        # In-process answers for keys known over limit (Redis only: memory needs no shortcut).
+        # Every store call, under one policy (deadline, probe, breaker, what a failure means).
+        self.store = StoreCalls(
+            backend, self.lag, settings.backend_timeout_ms, settings.overload_cap_ms,
+            failed=self._store_failed, sent=metrics.backend_calls.labels(backend.name).inc,
+        )
+        self.call_store: StoreCall = self.store.decide  # tracing wraps it at start
+        # In-process answers for keys known over limit (a store behind a round trip only).
         self._over_cache = (
-            OverLimitCache(metrics) if self._decide_now is None and settings.local_cache else None
+            OverLimitCache(metrics) if self.store.round_trip and settings.local_cache else None
         )
         self._fallback = FallbackLimiter(settings.fallback_share, metrics)
         self._memo_config: RateLimitConfig | None = None
@@ -176,11 +175,12 @@ class RateLimiter:
     ) -> int | Decision:
         """The store call and its verdict folded into `statuses`: the overall code, or the
         failure mode's answer when neither the store nor the fallback share could decide."""
-        try:
-            outcomes, failure = await self._decide(checks, now_ms, usage, dom, budget_s)
-        except Overloaded:
+        outcomes, failure = await self._decide(checks, now_ms, usage, dom, budget_s)
+        if failure == OVERLOADED:  # our own lag, not the store's: Envoy's failure mode decides
             self.metrics.count_failure_answer(domain, OVERLOADED, "unavailable")
-            raise
+            raise Overloaded(
+                f"rls overloaded: no decision within {self.settings.overload_cap_ms} ms"
+            )
         from_backend = outcomes is not None
         if cands:
             checks, outcomes = split_candidates(
@@ -417,15 +417,9 @@ class RateLimiter:
         reference reports them. A store failure leaves them without current_limit."""
         checks = [replace(check, flags=check.flags & (SHADOW | QUOTA)) for check in checks]
         try:
-            if self._decide_now is not None:
-                verdict = self._decide_now(checks, now_ms, charge=False)
-            else:
-                self._roundtrips.inc()
-                verdict = await within(self._own_budget(), self.backend.peek(checks, now_ms))
-        except (BackendError, TimeoutError) as exc:
-            self._backend_errors.inc()
-            self._log_failure(exc)
-            return
+            verdict = await self.store.peek(checks, now_ms)
+        except (BackendError, TimeoutError):
+            return  # counted and logged by _store_failed
         fold_outcomes(self.metrics, checks, verdict.outcomes, statuses)
 
     def clear_local_cache(self) -> None:
@@ -453,13 +447,8 @@ class RateLimiter:
             check.flags &= SHADOW | QUOTA
         if not checks:
             return result
-        if self._decide_now is not None:
-            verdict = self._decide_now(checks, now_ms, charge=False)
-        else:
-            budget = max(self.settings.backend_timeout_ms, 1000) / 1000
-            verdict = await within(
-                Deadline(self.lag, budget, budget), self.backend.peek(checks, now_ms)
-            )
+        budget = max(self.settings.backend_timeout_ms, 1000) / 1000
+        verdict = await self.store.peek(checks, now_ms, budget)
         for check, out in zip(checks, verdict.outcomes, strict=True):
             result[check.descriptor].append((check.limit, out))
         return result
@@ -469,10 +458,9 @@ class RateLimiter:
     ) -> None:
         """Usage of a request that matched no limit: recorded, failures only counted."""
         try:
-            await within(self._own_budget(), self.backend.record_usage(usage, ttl_ms, now_ms))
-        except (BackendError, TimeoutError) as exc:
-            self._backend_errors.inc()
-            self._log_failure(exc)
+            await self.store.record_usage(usage, ttl_ms, now_ms)
+        except (BackendError, TimeoutError):
+            pass  # counted and logged by _store_failed
 
     async def _decide(
         self,
@@ -484,6 +472,7 @@ class RateLimiter:
     ) -> tuple[list[Outcome] | None, str]:
         """Outcomes per check, or (None, why the store could not decide)."""
         ttl = dom.usage.ttl_ms if usage and dom is not None and dom.usage is not None else 0
+        usage = usage or []
         if len(checks) > 1 and len({c.key for c in checks}) < len(checks):
             merged, slots = merge_same_counter(checks)
             if slots is not None:
@@ -491,58 +480,10 @@ class RateLimiter:
                 return (None if outcomes is None else [outcomes[j] for j in slots]), why
         return await self.call_store(checks, now_ms, usage, ttl, budget_s)
 
-    async def _call_backend(
-        self,
-        checks: list[Check],
-        now_ms: int | None,
-        usage: list[UsageOp] | None = None,
-        usage_ttl_ms: int = 0,
-        budget_s: float | None = None,
-    ) -> tuple[list[Outcome] | None, str]:
-        if self._decide_now is not None:  # in-process store: nothing to wait for
-            if usage:
-                self.backend.record_usage_now(usage, usage_ttl_ms, now_ms)
-            return self._decide_now(checks, now_ms).outcomes, ""
-        backend = self.backend
-        self._roundtrips.inc()
-        settings = self.settings
-        budget = settings.backend_timeout_ms / 1000 if budget_s is None else budget_s
-        cap = settings.overload_cap_ms / 1000
-        if budget_s is not None:  # the caller's deadline is wall-clock: never answer past it
-            cap = min(cap, budget_s)
-        # With our own budget (no caller deadline), a store that used it is asked directly
-        # before the call is given up: only a failed probe is evidence of a slow store.
-        caller = budget_s is not None
-        probe = None if caller else backend.check_health
-        deadline = Deadline(self.lag, budget, cap, probe, caller)
-        try:
-            verdict = await decide_within(
-                backend, checks, deadline, now_ms, usage or (), usage_ttl_ms
-            )
-        except StoreDown as exc:
-            self._backend_errors.inc()
-            self._log_failure(exc)
-            return None, "store_down"
-        except BackendError as exc:
-            self._backend_errors.inc()
-            self._log_failure(exc)
-            return None, "store_error"
-        except TimeoutError as exc:
-            reason = deadline.reason
-            if reason == OVERLOADED:
-                raise Overloaded(
-                    f"rls overloaded: no decision within {settings.overload_cap_ms} ms"
-                ) from None
-            self._backend_errors.inc()
-            self._log_failure(exc if str(exc) else TimeoutError("store slower than the budget"))
-            backend.suspect()
-            return None, "store_slow"
-        return verdict.outcomes, ""
-
-    def _own_budget(self) -> Deadline:
-        """The deadline of a call beside the decision (no caller's deadline, no probe)."""
-        budget = self.settings.backend_timeout_ms / 1000
-        return Deadline(self.lag, budget, budget)
+    def _store_failed(self, exc: Exception) -> None:
+        """A store call failed (StoreCalls tells): counted, and logged at most once a second."""
+        self._backend_errors.inc()
+        self._log_failure(exc)
 
     def _log_failure(self, exc: Exception) -> None:
         """At most one line per second, so a dead store cannot fill the disk."""

@@ -52,8 +52,8 @@ from rls.engine.candidates import batch_verdict
 from rls.quota.ledger import Grant, Ledger
 from rls.quota.pacing import IDLE_SHARE_DIVISOR, fair_cap, paced
 from rls.stores.base import Backend, BackendError
-from rls.stores.deadline import Deadline, LoopLag
-from rls.stores.guard import decide_within
+from rls.stores.calls import StoreCalls
+from rls.stores.deadline import LoopLag
 
 SUPPORTED_ALGORITHMS = frozenset({"fixed_window"})
 WINDOW_TOLERANCE_MS = 500  # a reported reset later than this past the known end = new window
@@ -82,12 +82,11 @@ class Dealer:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.backend = backend
-        self.timeout = max(timeout_ms, 1) / 1000
         self.clock = clock
         self._calendar = CalendarCache()
         # A LoopLag that never ticks: a quota store call's deadline is wall-clock time. One for
         # the dealer, not one per call (thousands of store calls wait at once under a report).
-        self._wall = LoopLag()
+        self.store = StoreCalls(backend, LoopLag(), timeout_ms, timeout_ms)
         # This process's ledgers by counter key: a lone one in `_solo`, two or more in
         # `_peers` (a dict per counter only where it is shared: fewer objects for the
         # garbage collector to walk when a stream holds thousands of buckets).
@@ -173,12 +172,7 @@ class Dealer:
 
     async def _call(self, checks: list[Check]) -> tuple[bool, list[Outcome]]:
         """One atomic step on the store (raises BackendError / TimeoutError)."""
-        deadline = Deadline(self._wall, self.timeout, self.timeout)  # the one guarded call
-        try:
-            verdict = await decide_within(self.backend, checks, deadline)
-        except TimeoutError:
-            self.backend.suspect()
-            raise
+        verdict = await self.store.verdict(checks)
         return verdict.admitted, verdict.outcomes
 
     async def report(

@@ -31,6 +31,9 @@ from rls.settings import Settings
 log = logging.getLogger("rls.service")
 
 SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
+# Estimated memory of a decoded RateLimitRequest kept in the parse memo (upb messages).
+DECODED_BYTES_PER_WIRE_BYTE = 3
+DECODED_OVERHEAD = 512
 # Why a call was answered UNAVAILABLE (rls_errors_total's reason).
 _UNAVAILABLE_REASON: dict[type[Exception], str] = {
     Overloaded: "overloaded", NoConfigLoaded: "unavailable", StoreFailed: "store_failed",
@@ -135,7 +138,12 @@ class RateLimitService:
         cost = len(data) + 2 * len(request.domain) + sum(
             entries_cost(d.entries) + 96 for d in descriptors
         )
-        self._parsed.put(data, (request.domain, descriptors, request.hits_addend, None), cost)
+        # With a response extra on, the decoded request is kept too: the extras read it, and
+        # decoding it again on every hit would undo the memo.
+        kept = request if self._extras else None
+        if kept is not None:
+            cost += DECODED_BYTES_PER_WIRE_BYTE * len(data) + DECODED_OVERHEAD
+        self._parsed.put(data, (request.domain, descriptors, request.hits_addend, kept), cost)
         return parsed
 
     async def _reject(self, context: grpc.aio.ServicerContext, message: str) -> None:

@@ -29,13 +29,11 @@ class StoreDown(BackendError):
 
 
 class Backend(Protocol):
+    """A counter store. Callers go through rls.stores.calls.StoreCalls, which owns the policy
+    of a call (deadline, probe, error meaning); the store's own breaker admits and judges each
+    of its operations."""
+
     name: str
-    # True: decide() watches the `deadline` it is handed itself (the Redis wire: one timer per
-    # batch); False: it never waits on anything (the in-process store).
-    own_deadlines: bool
-    # True: decide_now / record_usage_now answer at once, in this process (no round trip to
-    # guard, no over-limit cache needed); False: they raise BackendError.
-    in_process: bool
 
     async def decide(
         self,
@@ -51,28 +49,16 @@ class Backend(Protocol):
         into one before calling (see `checks.merge_same_counter`).
 
         `now_ms` overrides the store's clock (tests, replay); None uses the store's own clock
-        (Redis TIME for Redis, so every replica agrees). `deadline`: the call's budget; when it
-        expires the call raises TimeoutError and `deadline.reason` says why (run calls through
-        `rls.stores.guard.decide_within`, which applies it to any store).
+        (Redis TIME for Redis, so every replica agrees). `deadline`: the call's budget, watched
+        by the store; when it expires the call raises TimeoutError and `deadline.reason` says
+        why.
         """
-        ...
-
-    def decide_now(
-        self, checks: Sequence[Check], now_ms: int | None = None, charge: bool = True
-    ) -> Verdict:
-        """An in-process store's decision, at once (`charge=False`: evaluate only)."""
         ...
 
     async def record_usage(
         self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
     ) -> None:
         """Usage statistics of a request that matched no limit (else they ride in decide)."""
-        ...
-
-    def record_usage_now(
-        self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
-    ) -> None:
-        """An in-process store's record_usage, at once."""
         ...
 
     async def usage_value(self, kind: str, key: str) -> int:

@@ -1,9 +1,11 @@
 """The one way a store call runs: under a `Deadline`, judged by the store's `CircuitBreaker`.
 
-Every store user goes through here: the limiter and the quota dealer (`decide_within`), the
-Redis store's redis-py paths, the frequency counters and the response cache (`StoreGuard.run`).
-So a breaker opens on the same evidence everywhere, a caller's deadline bounds every call, and
-a failure is one error type (`BackendError`; `StoreDown` while the breaker is open).
+Every store call goes through here: the Redis store runs each of its operations (decide,
+peek, usage statistics, the frequency counters' scripts) through its `StoreGuard`, and so do
+the response cache's stores; the limiter and the quota dealer reach the counter store through
+rls.stores.calls.StoreCalls, which applies their deadlines with `within`. So a breaker opens on
+the same evidence everywhere, a caller's deadline bounds every call, and a failure is one error
+type (`BackendError`; `StoreDown` while the breaker is open).
 
 `within` stops *waiting* at expiry instead of waiting for the cancelled call to unwind: redis-py
 may still await after a cancellation (a cluster client closing its nodes' connections after a
@@ -14,12 +16,10 @@ hold the caller past its deadline (issue 33). The call is cancelled and finishes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from rls.core.model import Check, Verdict
-from rls.core.usage import UsageOp
-from rls.stores.base import Backend, BackendError, StoreDown
+from rls.stores.base import BackendError, StoreDown
 from rls.stores.deadline import OVERLOADED, Deadline
 
 T = TypeVar("T")
@@ -83,21 +83,6 @@ async def within(deadline: Deadline, call: Awaitable[T]) -> T:
     task.cancel()
     task.add_done_callback(_observed)
     raise TimeoutError(deadline.reason)
-
-
-async def decide_within(
-    backend: Backend,
-    checks: Sequence[Check],
-    deadline: Deadline,
-    now_ms: int | None = None,
-    usage: Sequence[UsageOp] = (),
-    usage_ttl_ms: int = 0,
-) -> Verdict:
-    """A decision of `backend` under `deadline`: handed to a store that watches it itself,
-    else applied here. Raises StoreDown, BackendError, or TimeoutError (`deadline.reason`)."""
-    if backend.own_deadlines:
-        return await backend.decide(checks, now_ms, usage, usage_ttl_ms, deadline)
-    return await within(deadline, backend.decide(checks, now_ms, usage, usage_ttl_ms))
 
 
 class StoreGuard:

@@ -55,9 +55,10 @@ def least_recent(data: dict[str, Any], excess: float, cost: Callable[[str, Any],
 
 
 class MemoryBackend:
+    """The embedded store: decide_now answers at once in this process (StoreCalls calls it
+    directly; `decide` is the same for callers of the Backend protocol)."""
+
     name = "memory"
-    own_deadlines = True  # decide() never waits: no deadline can expire before it answers
-    in_process = True
 
     def __init__(
         self,

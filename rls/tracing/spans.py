@@ -10,7 +10,7 @@ costs the context extraction and a non-recording span (never made current); attr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -87,7 +87,7 @@ class Spans:
         store = self.store
 
         async def traced(
-            checks: list[Check], now_ms: int | None, usage: list[UsageOp] | None,
+            checks: Sequence[Check], now_ms: int | None, usage: Sequence[UsageOp],
             usage_ttl_ms: int, budget_s: float | None,
         ) -> tuple[list[Outcome] | None, str]:
             parent = trace.get_current_span()

@@ -6,6 +6,7 @@ import asyncio
 
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from prometheus_client import CollectorRegistry
+from support.stores import RemoteStore
 
 from rls.config.loader import load_files
 from rls.core.model import Check
@@ -146,7 +147,7 @@ def test_rolling_window_limit_is_unmatched_and_logged(caplog) -> None:
     assert "rolling_from_first_hit" in caplog.text and "q.rolling" in caplog.text
 
 
-class DeadStore(MemoryBackend):
+class DeadStore(RemoteStore):
     async def decide(self, checks, now_ms=None, usage=(), usage_ttl_ms=0, deadline=None):
         raise BackendError("redis: connection refused")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from support.stores import RemoteStore
+
 from rls.config.model import Limit, Unit
 from rls.core.model import Check
 from rls.engine.checks import match_targets
@@ -135,7 +137,7 @@ def test_push_takes_from_limits_still_in_their_window_on_top_of_their_reservatio
 def test_lost_race_with_another_process_shrinks_the_grant() -> None:
     clock, _, limit = setup(rpu=10)
 
-    class Racing(MemoryBackend):
+    class Racing(RemoteStore):
         calls = 0
 
         async def decide(self, checks, now_ms=None, usage=(), usage_ttl_ms=0, deadline=None):

@@ -11,7 +11,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from rls.cli import _parser, _settings_from
-from rls.engine.limiter import RateLimiter
 from rls.server import Server
 from rls.settings import Settings
 from rls.tracing.wiring import TracedHandler, Tracing
@@ -21,7 +20,7 @@ def test_tracing_off_leaves_the_plain_store_call_and_handlers() -> None:
     server = Server(Settings())
     assert server.tracing is None
     limiter = server.app.limiter
-    assert limiter.call_store.__func__ is RateLimiter._call_backend  # type: ignore[attr-defined]
+    assert limiter.call_store == limiter.store.decide  # the store's own call, unwrapped
 
 
 def test_tracing_on_wraps_the_store_call_once_and_every_listeners_handlers() -> None:

@@ -57,8 +57,6 @@ class RedisOptions(TypedDict, total=False):
 
 class RedisBackend:
     name = "redis"
-    own_deadlines = True  # decide() takes the call's Deadline (the wire watches it per batch)
-    in_process = False
 
     def __init__(
         self,
@@ -208,37 +206,26 @@ class RedisBackend:
             topology.decide(checks, now_ms, usage, usage_ttl_ms), deadline, group
         )
 
-    def decide_now(
-        self, checks: Sequence[Check], now_ms: int | None = None, charge: bool = True
-    ) -> Verdict:
-        raise BackendError("redis: a store to wait for (in_process is False): use decide()")
-
-    def record_usage_now(
-        self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
-    ) -> None:
-        raise BackendError("redis: a store to wait for (in_process is False): record_usage()")
-
     async def record_usage(
         self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
     ) -> None:
-        try:
-            await record_usage(self.client, ops, ttl_ms)
-        except (RedisError, OSError) as exc:
-            raise BackendError(f"redis: {exc}") from exc
+        """Under the store's breaker, like a decision (StoreDown while it is open)."""
+        await self.guard.run(record_usage(self.client, ops, ttl_ms), None, op="usage")
 
     async def usage_value(self, kind: str, key: str) -> int:
-        try:
-            value = await (self.client.pfcount(key) if kind == "h" else self.client.get(key))
-        except (RedisError, OSError) as exc:
-            raise BackendError(f"redis: {exc}") from exc
+        read = self.client.pfcount(key) if kind == "h" else self.client.get(key)
+        value = await self.guard.run(read, None, op="usage read")
         return int(value or 0)
 
     async def peek(self, checks: Sequence[Check], now_ms: int | None = None) -> Verdict:
-        """Evaluate without charging (counter queries); one call per slot in Cluster mode."""
-        try:
-            return await self.topology.peek(checks, now_ms)
-        except (RedisError, OSError) as exc:
-            raise BackendError(f"redis: {exc}") from exc
+        """Evaluate without charging (counter queries); one call per slot in Cluster mode.
+        Under the breaker that would judge a decision of these checks (a Cluster: their
+        masters')."""
+        now_ms, group = self._judged(checks, now_ms)
+        result: Verdict = await self.guard.run(
+            self.topology.peek(checks, now_ms), None, group, op="peek"
+        )
+        return result
 
     async def script_call(
         self, script: Any, keys: Sequence[Any], args: Sequence[Any], deadline: Deadline,
