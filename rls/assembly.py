@@ -19,6 +19,7 @@ from rls.config.reload import ConfigHolder
 from rls.engine.limiter import RateLimiter
 from rls.engine.top import TopTalkers, dumps_snapshot
 from rls.metrics import Metrics
+from rls.reference_metrics import reference_families
 from rls.response_cache.store import GuardedStore, StoreError
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings, shared_dir
@@ -48,6 +49,8 @@ class App:
 
 def build_app(settings: Settings, backend: Backend | None = None) -> App:
     metrics = Metrics(near_ratio=settings.near_limit_ratio)
+    if settings.reference_metrics:
+        metrics.derived.append(reference_families)
     holder = ConfigHolder(
         settings.config,
         metrics,

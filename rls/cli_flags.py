@@ -91,6 +91,8 @@ FLAGS = {
     "admin_read_only": "admin: only /healthcheck, /metrics, /rlconfig (may leave loopback)",
     "prometheus_addr": "also serve the Prometheus metrics on this host:port ('' = off)",
     "prometheus_path": "path of the metrics on --prometheus-addr",
+    "reference_metrics": "also serve envoyproxy/ratelimit's Prometheus series (its default "
+    "mapping's names and labels, as Envoy Gateway's dashboard reads them)",
     **XDS_FLAGS,
     "grpc_tls": "serve TLS on every gRPC listener (on/off); files re-read when they change",
     "grpc_tls_cert": "gRPC TLS certificate (chain) PEM file",

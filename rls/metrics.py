@@ -14,7 +14,7 @@ more than the rest of a decision.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -22,9 +22,12 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from rls import __version__
 from rls.core.limits import Limit
@@ -50,8 +53,8 @@ _IPV4 = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}")
 
 
 def stat_label(key: str) -> str:
-    """A stats key as the reference emits it, for the per-limit `key` label: dashboards and the
-    recording rules of docs/metrics.md split it on dots as the reference's mapper does, so an
+    """A stats key as the reference emits it, for the per-limit `key` label: dashboards and
+    rls.reference_metrics split it on dots as the reference's mapper does, so an
     IP-valued detailed metric must stay one level. (The key itself, e.g. in dynamic metadata
     or the matcher, stays unescaped, as the reference's `Stats.Key` does.)"""
     return _IPV4.sub(lambda m: m.group().replace(".", "_"), key.translate(_STATSD_UNSAFE))
@@ -83,12 +86,33 @@ class FlushingRegistry(CollectorRegistry):
         return super().collect()
 
 
+# Families computed from the collected ones at each scrape (rls.reference_metrics).
+Derivation = Callable[[Sequence[Metric]], list[Metric]]
+
+
+class WithDerived:
+    """A collector: `source`'s families, then what each derivation computes from them (one
+    collection serves both)."""
+
+    def __init__(self, source: Collector, derivations: Sequence[Derivation]) -> None:
+        self.source = source
+        self.derivations = derivations
+
+    def collect(self) -> Iterable[Metric]:
+        families = list(self.source.collect())
+        return families + [m for derive in self.derivations for m in derive(families)]
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None, near_ratio: float = 0.8):
         r = registry if registry is not None else FlushingRegistry()
         if isinstance(r, FlushingRegistry):
             r.before_collect = self.flush
         self.registry = r
+        if registry is None:  # the process's own memory and CPU (single process only)
+            ProcessCollector(registry=r)
+        # Families derived from the collected ones at each scrape (the reference's names).
+        self.derived: list[Derivation] = []
         self._pending: list[Pending] = []
         self._dynamic: dict[str, Pending] = {}
         self._requests: dict[tuple[str, str], Pending] = {}
@@ -363,15 +387,18 @@ class Metrics:
     def exposition(self) -> bytes:
         """Prometheus text for /metrics: summed over all workers in multiprocess mode."""
         self.flush()
+        source: Collector = self.registry
         if metrics_multiprocess():
             from prometheus_client import multiprocess
 
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            merged = CollectorRegistry()
+            multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
             for collector in self.process_collectors:
-                registry.register(collector)
-            return generate_latest(registry)
-        return generate_latest(self.registry)
+                merged.register(collector)
+            source = merged
+        if self.derived:
+            source = WithDerived(source, self.derived)
+        return generate_latest(source)
 
     def limit_stats(self, limit: Limit, key: str | None = None) -> Pending:
         """The buffered counters of one stats key (the limit's config path by default).

@@ -19,7 +19,9 @@ and returns the `rls serve` command line they mean, plus the lines rls logs at s
 - a store that cannot decide: `--failure-mode error`, a fast gRPC UNAVAILABLE, as the
   reference returns an error, so Envoy's `failure_mode_deny` decides (RLS_FAILURE_MODE wins).
 - metrics: `USE_PROMETHEUS=true` serves them on `PROMETHEUS_ADDR` (default :9090) at
-  `PROMETHEUS_PATH`; `USE_STATSD=true` is answered by one line (no statsd sink).
+  `PROMETHEUS_PATH`, with the reference's own series beside rls's (--reference-metrics: the
+  names and labels of its default mapping, which Envoy Gateway's mapping file repeats);
+  `USE_STATSD=true` is answered by one line (no statsd sink).
 
 An `RLS_<NAME>` variable still wins over what the reference's variables say (no flag is passed
 for it). Variables of the reference that rls reads nowhere are listed in one start-up line;
@@ -88,7 +90,7 @@ ENTRY_ENV: dict[str, str] = {
     "RUNTIME_APPDIRECTORY": "see RUNTIME_ROOT (default config)",
     "RUNTIME_WATCH_ROOT": "both of its layouts reload (edits; a swap of the root's symlink)",
     "RUNTIME_IGNOREDOTFILES": "dot files are always skipped",
-    "USE_PROMETHEUS": "true: --prometheus-addr PROMETHEUS_ADDR",
+    "USE_PROMETHEUS": "true: --prometheus-addr PROMETHEUS_ADDR --reference-metrics",
     "PROMETHEUS_ADDR": "--prometheus-addr (default :9090) when USE_PROMETHEUS=true",
     "USE_STATSD": "true: one line saying where the metrics are (no statsd sink)",
     "BACKEND_TYPE": "redis only (memcache refused)",
@@ -214,6 +216,7 @@ def _metrics(env: Mapping[str, str], out: Plan) -> None:
     if _bool(env, "USE_PROMETHEUS", False):
         addr = env.get("PROMETHEUS_ADDR") or ":9090"
         _flag(env, out, "prometheus_addr", addr)
+        _flag(env, out, "reference_metrics")  # what dashboards built on the reference read
         shown = f"0.0.0.0{addr}" if addr.startswith(":") else addr  # Go's ":9090": every address
         where += f" and http://{shown}{env.get('PROMETHEUS_PATH') or '/metrics'}"
     if _bool(env, "USE_STATSD", False):

@@ -168,6 +168,10 @@ class Settings:
     # the reference's USE_PROMETHEUS + PROMETHEUS_ADDR, e.g. Envoy Gateway's ":19001").
     prometheus_addr: str = ""
     prometheus_path: str = "/metrics"
+    # Also serve envoyproxy/ratelimit's series (its default statsd mapping's names and labels,
+    # rls.reference_metrics): what Envoy Gateway's dashboard reads. `/bin/ratelimit` turns it
+    # on with USE_PROMETHEUS=true.
+    reference_metrics: bool = False
     # Config over xDS (rls/config/xds, docs/configuration.md): FILE reads --config;
     # GRPC_XDS_SOTW takes every domain from a control plane's ADS stream instead.
     config_type: str = "FILE"

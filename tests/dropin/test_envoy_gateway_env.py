@@ -77,13 +77,15 @@ def test_eg_environment_serves_limits_health_and_metrics(
     status, text = rl.http("/metrics", port=ports.prometheus)
     assert status == 200
     assert 'rls_limit_over_limit_total{key="eg.client"} 1.0' in text
+    # beside it, the reference's name for it (what EG's dashboard reads)
+    assert 'ratelimit_service_rate_limit_over_limit{domain="eg",key1="client"} 1.0' in text
     assert rl.http("/metrics", port=ports.prometheus)[0] == 200
     assert rl.http("/healthcheck", port=ports.prometheus)[0] == 404  # metrics only
 
     lines = ignored_lines(rl.log())
     expected = sorted(n for n in REFERENCE_VARIABLES if n in env and n not in honoured())
     assert lines == ([expected] if expected else []), rl.log()
-    assert "PROMETHEUS_MAPPER_YAML" in expected  # rls maps nothing; docs/metrics.md tells
+    assert "PROMETHEUS_MAPPER_YAML" in expected  # the file is not read (docs/metrics.md)
     for read in ("RUNTIME_ROOT", "REDIS_URL", "USE_PROMETHEUS", "PROMETHEUS_ADDR", "PORT"):
         assert read not in expected
     # nothing written into its working directory (for uid 65534: it could not)

@@ -65,13 +65,19 @@ class Prometheus:
 
 
 def start_prometheus(binary: str, workdir: Path, targets: list[str],
-                     rule_files: list[Path]) -> Prometheus:
-    """Scrape `targets` (host:port of rls admin) every second; evaluate rules every second."""
+                     rule_files: list[Path], labels: dict[str, str] | None = None) -> Prometheus:
+    """Scrape `targets` (host:port of rls admin) every second; evaluate rules every second.
+
+    `labels` are added to every scraped series, as Kubernetes service discovery adds the pod's
+    labels (`app.kubernetes.io/component: ratelimit` becomes `app_kubernetes_io_component`)."""
+    static: dict[str, object] = {"targets": targets}
+    if labels:
+        static["labels"] = labels
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "900ms",
                    "evaluation_interval": "1s"},
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [{"job_name": "rls", "static_configs": [{"targets": targets}]}],
+        "scrape_configs": [{"job_name": "rls", "static_configs": [static]}],
     }
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
