@@ -91,6 +91,7 @@ class Server:
         self.quota: QuotaService | None = None
         self.xds: XdsConfigSource | None = None  # CONFIG_TYPE=GRPC_XDS_SOTW
         self.tls: GrpcTls | None = None  # TLS on every gRPC listener (rls/tls.py), if on
+        self.interceptors: list[grpc.aio.ServerInterceptor] = []  # the token check, if set
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
         self.tracing = start_tracing(settings, self.app.metrics.registry, self.app.limiter)
@@ -198,6 +199,7 @@ class Server:
         of its own (`self.extproc`), or on this one when --extproc-addr equals --grpc-addr."""
         settings, app = self.settings, self.app
         self.tls = start_tls(settings, app.metrics.registry)  # SystemExit naming a bad file
+        self.interceptors = interceptors(settings.grpc_token, app.metrics.registry)
         try:
             self.quota = QuotaService(
                 app.holder.current, app.backend, settings, app.metrics.registry,
@@ -245,7 +247,7 @@ class Server:
         when the address cannot be bound."""
         settings = self.settings
         server = grpc.aio.server(
-            interceptors=interceptors(settings.grpc_token),
+            interceptors=self.interceptors,
             options=[
                 ("grpc.max_receive_message_length", max_message),
                 ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
