@@ -38,7 +38,6 @@ from rls.services.health import create_health, health_handler, set_serving
 from rls.services.quota import QuotaService
 from rls.settings import Settings, shared_dir
 from rls.tls import GrpcTls, add_port, start_tls
-from rls.tls_refusals import restore_stderr
 from rls.tracing import start_tracing
 from rls.workers import (
     mark_ready,
@@ -65,7 +64,6 @@ async def _bounded(what: str, step: Awaitable[object], seconds: float = SHUTDOWN
 def _shutdown_overran() -> None:
     log.critical("shutdown did not finish in time: exiting now")
     logging.shutdown()
-    restore_stderr()  # TLS's stderr pipe: pass that line on before the exit skips atexit
     os._exit(1)
 
 class Server:
@@ -401,8 +399,6 @@ class Server:
             await _bounded("the span export", asyncio.to_thread(self.tracing.flush, 2.0))
         watchdog.cancel()
         log.info("stopped")
-        if self.tls is not None:
-            self.tls.close()  # stderr back to itself (rls/tls_refusals.py)
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:
