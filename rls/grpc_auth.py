@@ -2,8 +2,11 @@
 
 Envoy sends it with every rate-limit (and ext_proc) call when its `grpc_service` carries
 `initial_metadata: [{key: authorization, value: "Bearer <token>"}]` (docs/admin.md, "gRPC
-port"). Calls without it get UNAUTHENTICATED. grpc.health.v1 stays open: kubelet gRPC probes
-cannot send metadata. No token set: no interceptor at all, so the hot path pays nothing.
+port"). Calls without it get UNAUTHENTICATED, counted in rls_grpc_token_refused_total by
+reason: `missing` (no `authorization: Bearer …` metadata: an Envoy without the
+`initial_metadata`) or `wrong` (another token: one side rotated, or a stranger). grpc.health.v1
+stays open: kubelet gRPC probes cannot send metadata. No token set: no interceptor at all (and
+no counter), so the hot path pays nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry, Counter
 
+REASONS = ("missing", "wrong")
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 DENIED = "missing or wrong bearer token in metadata 'authorization'"
 
@@ -31,8 +36,10 @@ def _given(metadata: Any) -> bytes:
 class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Refuses every call but health checks whose `authorization` metadata lacks the token."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, refused: Counter) -> None:
         self.token = token.encode()
+        self.missing = refused.labels("missing")
+        self.wrong = refused.labels("wrong")
 
     async def intercept_service(
         self,
@@ -42,8 +49,10 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         if handler is None or details.method.startswith(HEALTH_PREFIX):
             return handler
-        if hmac.compare_digest(_given(details.invocation_metadata), self.token):
+        given = _given(details.invocation_metadata)
+        if hmac.compare_digest(given, self.token):
             return handler
+        (self.wrong if given else self.missing).inc()
         return _denying(handler)
 
 
@@ -66,6 +75,18 @@ def _denying(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(deny, **codec)
 
 
-def interceptors(token: str) -> list[grpc.aio.ServerInterceptor]:
-    """For grpc.aio.server(interceptors=…): none unless a token is configured."""
-    return [TokenInterceptor(token)] if token else []
+def interceptors(token: str, registry: CollectorRegistry) -> list[grpc.aio.ServerInterceptor]:
+    """For grpc.aio.server(interceptors=…) of every gRPC listener (one list, one counter, shared
+    by them): none unless a token is configured."""
+    if not token:
+        return []
+    refused = Counter(
+        "rls_grpc_token_refused",
+        "gRPC calls refused UNAUTHENTICATED for the token: none sent (missing) or another "
+        "one (wrong)",
+        ["reason"],
+        registry=registry,
+    )
+    for reason in REASONS:
+        refused.labels(reason)
+    return [TokenInterceptor(token, refused)]

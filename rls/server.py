@@ -38,7 +38,6 @@ from rls.services.health import create_health, health_handler, set_serving
 from rls.services.quota import QuotaService
 from rls.settings import Settings, shared_dir
 from rls.tls import GrpcTls, add_port, start_tls
-from rls.tls_refusals import restore_stderr
 from rls.tracing import start_tracing
 from rls.workers import (
     mark_ready,
@@ -65,7 +64,6 @@ async def _bounded(what: str, step: Awaitable[object], seconds: float = SHUTDOWN
 def _shutdown_overran() -> None:
     log.critical("shutdown did not finish in time: exiting now")
     logging.shutdown()
-    restore_stderr()  # TLS's stderr pipe: pass that line on before the exit skips atexit
     os._exit(1)
 
 class Server:
@@ -91,6 +89,7 @@ class Server:
         self.quota: QuotaService | None = None
         self.xds: XdsConfigSource | None = None  # CONFIG_TYPE=GRPC_XDS_SOTW
         self.tls: GrpcTls | None = None  # TLS on every gRPC listener (rls/tls.py), if on
+        self.interceptors: list[grpc.aio.ServerInterceptor] = []  # the token check, if set
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
         self.tracing = start_tracing(settings, self.app.metrics.registry, self.app.limiter)
@@ -198,6 +197,7 @@ class Server:
         of its own (`self.extproc`), or on this one when --extproc-addr equals --grpc-addr."""
         settings, app = self.settings, self.app
         self.tls = start_tls(settings, app.metrics.registry)  # SystemExit naming a bad file
+        self.interceptors = interceptors(settings.grpc_token, app.metrics.registry)
         try:
             self.quota = QuotaService(
                 app.holder.current, app.backend, settings, app.metrics.registry,
@@ -245,7 +245,7 @@ class Server:
         when the address cannot be bound."""
         settings = self.settings
         server = grpc.aio.server(
-            interceptors=interceptors(settings.grpc_token),
+            interceptors=self.interceptors,
             options=[
                 ("grpc.max_receive_message_length", max_message),
                 ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
@@ -399,8 +399,6 @@ class Server:
             await _bounded("the span export", asyncio.to_thread(self.tracing.flush, 2.0))
         watchdog.cancel()
         log.info("stopped")
-        if self.tls is not None:
-            self.tls.close()  # stderr back to itself (rls/tls_refusals.py)
 
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> int:

@@ -409,8 +409,7 @@ def process_env() -> Mapping[str, str]:
 
 def env_text(name: str) -> str:
     """One variable read by a library rather than by a Settings field (OTEL_BSP_*, which rls
-    checks before the OpenTelemetry SDK reads them; GRPC_VERBOSITY, which grpc-core reads),
-    stripped; "" when unset."""
+    checks before the OpenTelemetry SDK reads them), stripped; "" when unset."""
     return os.environ.get(name, "").strip()
 
 

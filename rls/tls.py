@@ -14,8 +14,8 @@ exit 2 naming the file (cli.startup_problem).
 Client certificates (a client CA set) are required and verified in the handshake, so a client
 without one, with one from another CA or expired is refused before any call. grpc cannot check
 a SAN in the handshake: with a required SAN every call but health checks the peer's certificate
-(grpc's auth context) and one without that SAN is refused UNAUTHENTICATED
-(rls/tls_refusals.py counts both kinds of refusal).
+(grpc's auth context) and one without that SAN is refused UNAUTHENTICATED, and counted
+(rls/tls_refusals.py). A failed handshake is the client's to count (Envoy's cluster stats).
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ from rls.settings import (
     REFERENCE_ENV_FALLBACK,
     Settings,
     env_source,
-    env_text,
 )
-from rls.tls_refusals import REASONS, HandshakeLog, guarded
+from rls.tls_refusals import REASONS, guarded
 
 log = logging.getLogger("rls.tls")
 
@@ -167,8 +166,8 @@ class TlsMetrics:
         )
         self.refused = Counter(
             "rls_grpc_tls_refused",
-            "gRPC clients refused by TLS: in the handshake (no_certificate, untrusted, "
-            "expired, not_yet_valid, wrong_usage, not_tls, other) or at each call (wrong_san)",
+            "gRPC calls refused by TLS: a client certificate without the required SAN "
+            "(wrong_san); failed handshakes are counted by the client",
             ["reason"],
             registry=registry,
         )
@@ -210,8 +209,6 @@ class GrpcTls:
         self.version = 1
         self._refused_key: tuple[bytes, ...] | None = None  # the refused set, logged once
         self.metrics.show(self.material)
-        self.handshakes = HandshakeLog(self.metrics.refused)
-        self.handshakes.install()
 
     @property
     def mutual(self) -> bool:
@@ -310,9 +307,6 @@ class GrpcTls:
                 self.reload()
                 await asyncio.sleep(poll)
 
-    def close(self) -> None:
-        self.handshakes.uninstall()
-
 
 def _peek(path: str) -> bytes:
     """A file's bytes, or b"" when unreadable: what makes a refused set recognisable."""
@@ -339,11 +333,6 @@ def start_tls(settings: Settings, registry: CollectorRegistry) -> GrpcTls | None
     except TlsFileError as exc:  # changed since cli.startup_problem read them
         raise SystemExit(f"rls: {exc}") from None
     log.info("%s", tls.describe())
-    verbosity = env_text("GRPC_VERBOSITY").upper()
-    if verbosity in ("ERROR", "NONE"):  # grpc writes its handshake failures at INFO
-        log.warning("GRPC_VERBOSITY=%s: grpc does not log failed handshakes, so clients refused "
-                    "in the handshake are not counted (rls_grpc_tls_refused_total stays 0 but "
-                    "for wrong_san); unset it or set INFO to count them", verbosity)
     return tls
 
 

@@ -1,154 +1,23 @@
-"""Clients refused by gRPC TLS, counted by reason (rls_grpc_tls_refused_total).
+"""Clients refused by gRPC TLS at a call, counted by reason (rls_grpc_tls_refused_total).
 
-Handshake refusals: grpcio tells the application nothing about a failed handshake (no callback,
-no counter); grpc-core only writes one line per failure to stderr, e.g.
-`ssl_transport_security.cc:2563] Handshake failed with error SSL_ERROR_SSL: error:100000c0:SSL
-routines:OPENSSL_internal:PEER_DID_NOT_RETURN_A_CERTIFICATE: …`. HandshakeLog puts a pipe in
-front of file descriptor 2: every byte is passed on unchanged to the real stderr at once, and
-those lines are counted. grpc writes them at INFO: with GRPC_VERBOSITY=ERROR (or NONE) they
-are not written, and not counted.
+grpc cannot require a SAN in the handshake, so SanGuard checks the peer's certificate (grpc's
+auth context) at every call and refuses one without it UNAUTHENTICATED (reason wrong_san).
 
-SAN refusals: grpc cannot require a SAN in the handshake, so SanGuard checks the peer's
-certificate (grpc's auth context) at every call and refuses one without it UNAUTHENTICATED.
+Failed handshakes are not counted here: grpcio tells the application nothing about them, and
+the one trace grpc-core leaves (a free-text log line) does not tell a client refused by rls from
+rls's own failed connection to a server (its xDS control plane). The client sees the failure:
+Envoy counts it in its cluster's `ssl.connection_error` and `upstream_cx_connect_fail`.
 """
 
 from __future__ import annotations
 
-import atexit
 import inspect
-import os
-import re
-import sys
-import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 
-REASONS = (
-    "no_certificate", "untrusted", "expired", "not_yet_valid", "wrong_usage", "not_tls", "other",
-    "wrong_san",
-)
-_HANDSHAKE = re.compile(
-    rb"Handshake failed with error \w+: (?:error:[0-9a-fA-F]+:[^:]*:[^:]*:)?([A-Z0-9_]+)"
-    rb"(?:: ([^\n]*))?"
-)
-_BY_CODE = {
-    b"PEER_DID_NOT_RETURN_A_CERTIFICATE": "no_certificate",
-    b"WRONG_VERSION_NUMBER": "not_tls",  # plaintext HTTP/2 (a gRPC client without TLS)
-    b"HTTP_REQUEST": "not_tls",
-    b"HTTPS_PROXY_REQUEST": "not_tls",
-}
-_BY_DETAIL = {  # CERTIFICATE_VERIFY_FAILED: OpenSSL's verify result says why
-    b"certificate has expired": "expired",
-    b"certificate is not yet valid": "not_yet_valid",
-    b"unsupported certificate purpose": "wrong_usage",  # e.g. a server-only certificate
-}
-MAX_LINE = 64 * 1024  # longest partial line kept while scanning (the bytes pass on regardless)
-_INSTALLED: list[HandshakeLog] = []  # the pipes in front of stderr, innermost last
-
-
-def restore_stderr() -> None:
-    """Give fd 2 back to the real stderr, after what is in the pipe was passed on. For exits
-    that skip atexit (os._exit): without it their last log lines stay in the pipe, unread."""
-    while _INSTALLED:
-        _INSTALLED.pop().uninstall()
-
-
-def handshake_reason(line: bytes) -> str | None:
-    """The refusal reason of one grpc log line; None when it is not a handshake failure."""
-    match = _HANDSHAKE.search(line)
-    if match is None:
-        return None
-    code, detail = match.group(1), (match.group(2) or b"").strip()
-    if code == b"CERTIFICATE_VERIFY_FAILED":
-        return _BY_DETAIL.get(detail, "untrusted")
-    return _BY_CODE.get(code, "other")
-
-
-class HandshakeLog:
-    """A pipe in front of stderr (fd 2) that counts grpc's handshake failure lines."""
-
-    def __init__(self, counter: Any) -> None:
-        self.counter = counter  # a labelled Counter: counter.labels(reason).inc()
-        self.lost = 0  # refusals that could not be counted
-        self._saved: int | None = None
-        self._thread: threading.Thread | None = None
-
-    def install(self) -> None:
-        if self._saved is not None:
-            return
-        sys.stderr.flush()
-        try:
-            saved = os.dup(2)
-        except OSError:  # no stderr at all: grpc's lines go nowhere, nothing to count
-            return
-        read_end, write_end = os.pipe()
-        self._saved = saved
-        _INSTALLED.append(self)
-        os.dup2(write_end, 2)
-        os.close(write_end)
-        self._thread = threading.Thread(
-            target=self._pump, args=(read_end, self._saved), name="rls-grpc-log", daemon=True
-        )
-        self._thread.start()
-        atexit.register(self.uninstall)
-
-    def uninstall(self) -> None:
-        """Give fd 2 back to the real stderr; the pump forwards what is left and ends."""
-        saved, thread = self._saved, self._thread
-        if saved is None or thread is None:
-            return
-        self._saved = None
-        try:
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-        os.dup2(saved, 2)  # the pipe's last write end closes: the pump reads to EOF
-        thread.join(2.0)
-
-    def _pump(self, read_end: int, out: int) -> None:
-        pending = b""
-        while True:
-            try:
-                chunk = os.read(read_end, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            _write_all(out, chunk)
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                self._count(line)
-            pending = pending[-MAX_LINE:]
-        os.close(read_end)
-
-    def _count(self, line: bytes) -> None:
-        """Count one line. Never raises and never logs: the pump is the only reader of stderr,
-        so a pump that died (or wrote to stderr itself) would block every later write to
-        stderr, rls's log lines included, once the pipe is full."""
-        reason = handshake_reason(line)
-        if reason is None:
-            return
-        try:
-            self.counter.labels(reason).inc()
-        except Exception:  # e.g. a multiprocess metrics file on a full disk: the count is lost
-            self.lost += 1
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            written = os.write(fd, view)
-        except InterruptedError:
-            continue
-        except OSError:  # the real stderr is gone: nothing to pass it to
-            return
-        view = view[written:]
-
-
+REASONS = ("wrong_san",)  # the refusals rls sees: at a call, never in the handshake
 SAN_DENIED = "the client certificate does not carry the required SAN"
 SAN_PROPERTY = "x509_subject_alternative_name"
 MAX_METHODS = 256  # wrapped handlers kept per listener (methods are few; unknown ones bounded)

@@ -380,8 +380,6 @@ def watch_supervisor() -> threading.Thread | None:
     budget = worker_drain_budget(DEFAULT_DRAIN_BUDGET)
 
     def watch() -> None:
-        from rls.tls_refusals import restore_stderr  # a worker: grpc is loaded already
-
         try:
             while os.read(fd, 1):  # nobody writes: returns b"" once the supervisor is gone
                 pass
@@ -391,7 +389,6 @@ def watch_supervisor() -> threading.Thread | None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(budget)
         log.error("still draining after %g s; exiting", budget)
-        restore_stderr()  # TLS's stderr pipe: pass that line on before the exit skips atexit
         os._exit(1)
 
     thread = threading.Thread(target=watch, name="rls-supervisor-watch", daemon=True)

@@ -58,6 +58,9 @@ def test_calls_without_the_token_are_unauthenticated_and_charge_nothing(rls) -> 
                          [("authorization", TOKEN)], [("x-token", TOKEN)]):
             assert code_of(stub, metadata) == grpc.StatusCode.UNAUTHENTICATED, metadata
         assert metric(rls.http_url, "rls_requests_total", domain="alpha", code="OK") == 0
+        # no bearer token at all (none, another key, no "Bearer "): missing; another one: wrong
+        assert metric(rls.http_url, "rls_grpc_token_refused_total", reason="missing") == 3
+        assert metric(rls.http_url, "rls_grpc_token_refused_total", reason="wrong") == 1
         assert code_of(stub, [("authorization", f"Bearer {TOKEN}")]) == grpc.StatusCode.OK
         health = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=10)

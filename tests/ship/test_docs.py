@@ -68,6 +68,11 @@ def _metric_names() -> set[str]:
     xds_registry = CollectorRegistry()
     XdsMetrics(xds_registry)
     registries.append(xds_registry)
+    from rls.grpc_auth import interceptors
+
+    token_registry = CollectorRegistry()  # the token's counter exists only with a token
+    interceptors("a-token", token_registry)
+    registries.append(token_registry)
     for registry in registries:
         for family in registry.collect():
             suffix = "_total" if family.type == "counter" else ""

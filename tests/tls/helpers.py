@@ -117,6 +117,16 @@ def der_of(cert: Path) -> bytes:
     return ssl.PEM_cert_to_DER_cert(cert.read_text())
 
 
+def samples(http_url: str, name: str) -> dict[str, float]:
+    """Every sample of `name` on rls's /metrics, by its `reason` label (empty when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, text = http_call(http_url, "GET", "/metrics")
+    return {sample.labels.get("reason", ""): float(sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == name}
+
+
 def metric(http_url: str, name: str, **labels: str) -> float:
     """One sample of rls's /metrics (0 when absent)."""
     from prometheus_client.parser import text_string_to_metric_families
