@@ -140,7 +140,7 @@ def startup_problem(settings: Settings) -> str | None:
         if not os.path.exists(path):
             return f"--config: {path}: {missing_reason(path)}"
     if settings.strict:
-        for warning in empty_directories(settings.config):
+        for warning in empty_directories(settings.config, settings.config_all_files):
             return f"--config: {warning.file}: {warning.message} (--strict)"
     return None
 
@@ -238,7 +238,7 @@ def _serve(
         notes = _reference_notes()
     for level, note in notes:
         log.log(level, "%s", note)
-    for warning in empty_directories(settings.config):
+    for warning in empty_directories(settings.config, settings.config_all_files):
         log.warning("%s", warning)
     if settings.workers > 1:
         return _supervise(settings, argv)
@@ -264,9 +264,11 @@ def _workers_problem(settings: Settings) -> tuple[int, str] | None:
     """(exit code, line) when `--workers` must not start: checked once here, as a worker that
     cannot load the config would exit and be restarted forever by the supervisor."""
     try:
-        config = load_paths(settings.config, settings.merge_domains)
+        config = load_paths(settings.config, settings.merge_domains,
+                            every_file=settings.config_all_files)
     except ConfigError as exc:
-        command = check_config_command(settings.config, settings.merge_domains, settings.strict)
+        command = check_config_command(settings.config, settings.merge_domains, settings.strict,
+                                       settings.config_all_files)
         return 1, (f"cannot start: the config does not load: {problems_line(exc)} "
                    f"(every problem: {command})")
     xds = settings.config_type == "GRPC_XDS_SOTW"  # each worker gets its own stream

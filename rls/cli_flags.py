@@ -80,6 +80,8 @@ FLAGS = {
     "tracing_service_instance_id": "service.instance.id of rls's spans ('': a random UUID)",
     "tracing_sampling_rate": "fraction of new traces recorded (a caller's decision is kept)",
     "allow_empty_config": "start even with no descriptor loaded (every call answered OK)",
+    "config_all_files": "read every file of a --config directory, not only *.yaml / *.yml "
+    "(as envoyproxy/ratelimit; dot files still skipped)",
     "strict": "config warnings (repeated YAML key, rate_limit without requests_per_unit, "
     "empty directory) are errors",
     "counters_config": "frequency counters YAML: per-domain timezone and key_hash, caches",

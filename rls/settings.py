@@ -153,6 +153,9 @@ class Settings:
     # Start without any descriptor loaded (every call answered OK until a config appears).
     # Off: a missing path, no --config or zero domains is a startup error.
     allow_empty_config: bool = False
+    # Read every file of a --config directory, not only *.yaml / *.yml (dot files still
+    # skipped): the reference's runtime loader does, and the `ratelimit` entry asks for it.
+    config_all_files: bool = False
     strict: bool = False  # config warnings (duplicate YAML key, no requests_per_unit) are errors
     counters_config: str = ""  # frequency counters YAML (per-domain timezone, key_hash, caches)
     # Admin listener off loopback without RLS_ADMIN_TOKEN: refused unless this is set.

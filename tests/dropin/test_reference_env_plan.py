@@ -38,7 +38,7 @@ def test_reference_defaults_become_rls_serve_flags(tmp_path: Path) -> None:
     assert flags(got.argv) == {
         "--grpc-addr": "0.0.0.0:8081", "--http-addr": "0.0.0.0:8080", "--admin-read-only": None,
         "--config": f"{tmp_path}/config", "--allow-empty-config": None,
-        "--prometheus-addr": ":9090",
+        "--config-all-files": None, "--prometheus-addr": ":9090",
     }
 
 
