@@ -28,8 +28,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/rls/bin:$PATH
 COPY --from=build /wheels /tmp/wheels
+# xds-protos (Envoy's API) writes a 2021 copy of OpenTelemetry's protos over opentelemetry-proto's
+# files, and pip installs it last: the second install puts opentelemetry-proto's own back (same
+# version), so that any OpenTelemetry tool run in this venv gets current messages
+# (docs/observability.md#opentelemetry-protos-in-rlss-environment; rls copes either way).
 RUN python -m venv /opt/rls \
     && /opt/rls/bin/pip install --no-cache-dir /tmp/wheels/*.whl \
+    && /opt/rls/bin/pip install --no-cache-dir --no-deps --force-reinstall \
+       "opentelemetry-proto==$(/opt/rls/bin/pip show opentelemetry-proto | sed -n 's/^Version: //p')" \
     && rm -rf /tmp/wheels \
     && groupadd --system --gid 10001 rls \
     && useradd --system --uid 10001 --gid rls --no-create-home --home-dir /nonexistent \

@@ -57,6 +57,7 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
         settings.merge_domains,
         strict=settings.strict,
         allow_empty=settings.allow_empty_config,
+        every_file=settings.config_all_files,
     )
     if backend is None and settings.redis_url:
         gauge = metrics.circuit.labels("redis")

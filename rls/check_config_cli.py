@@ -52,6 +52,11 @@ def add_parser(sub: Any) -> None:
         help="allow one domain to span several files (default off)",
     )
     check.add_argument(
+        "--config-all-files", action="store_true", dest="every_file",
+        help="read every file of a directory, not only *.yaml / *.yml (as `rls serve "
+        "--config-all-files` and /bin/ratelimit do; default off)",
+    )
+    check.add_argument(
         "--strict", action="store_true",
         help="warnings (repeated YAML key, rate_limit without requests_per_unit, empty "
         "directory) fail the check (default off)",
@@ -62,20 +67,21 @@ def _quiet(_message: str) -> None:
     """For the extra walks of a directory: discover() already reports each skipped entry."""
 
 
-def cache_files_in(paths: Sequence[str]) -> list[str]:
+def cache_files_in(paths: Sequence[str], every_file: bool = False) -> list[str]:
     """Cache rule files inside the given directories (discover() leaves them out)."""
     return [
         f for p in paths if os.path.isdir(p)
-        for f in yaml_files_under(p, _quiet) if is_cache_file(f)
+        for f in yaml_files_under(p, _quiet, every_file) if is_cache_file(f)
     ]
 
 
-def empty_directories(paths: Sequence[str]) -> list[ConfigWarning]:
-    """Directories among `paths` with no YAML file at all: a wrong mount or path, usually."""
+def empty_directories(paths: Sequence[str], every_file: bool = False) -> list[ConfigWarning]:
+    """Directories among `paths` with no file to read at all: a wrong mount or path, usually."""
+    what = "files" if every_file else "files (*.yaml, *.yml)"
     return [
-        ConfigWarning(p, "directory has no descriptor files (*.yaml, *.yml)")
+        ConfigWarning(p, f"directory has no descriptor {what}")
         for p in paths
-        if os.path.isdir(p) and not yaml_files_under(p, _quiet)
+        if os.path.isdir(p) and not yaml_files_under(p, _quiet, every_file)
     ]
 
 
@@ -98,7 +104,8 @@ def check_counters_file(path: str) -> None:
 
 
 def check_config(paths: Sequence[str], merge_domains: bool, strict: bool = False,
-                 cache_paths: Sequence[str] = (), counters_paths: Sequence[str] = ()) -> int:
+                 cache_paths: Sequence[str] = (), counters_paths: Sequence[str] = (),
+                 every_file: bool = False) -> int:
     """Validate every file; print `file: message (at file:line, node path)` per error and
     `file: warning: …` per warning; exit 1 on any error (or warning with --strict).
 
@@ -106,10 +113,10 @@ def check_config(paths: Sequence[str], merge_domains: bool, strict: bool = False
     sub-command's description) or named by `cache_paths` / `counters_paths`."""
     errors = 0
     files: list[tuple[str, str]] = []
-    warnings = empty_directories(paths)
+    warnings = empty_directories(paths, every_file)
     named = {p for p in paths if os.path.isfile(p)}
     try:
-        names = discover(paths) + cache_files_in(paths)
+        names = discover(paths, every_file) + cache_files_in(paths, every_file)
     except ConfigError as exc:
         print(exc.detail(), file=sys.stderr)
         return 1
@@ -160,4 +167,4 @@ def command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("check-config: give the files or directories to check "
                      "(paths, or --config PATH)")
     return check_config(paths, args.merge_domains, args.strict, args.cache_paths,
-                        args.counters_paths)
+                        args.counters_paths, args.every_file)

@@ -30,7 +30,8 @@ from rls.config.loader import load_paths, missing_reason
 from rls.config.reload import check_config_command, problems_line
 from rls.event_loop import loop_factory
 from rls.logging_setup import setup_logging
-from rls.settings import Settings, admin_token, env_value
+from rls.reference_help import serve_note
+from rls.settings import Settings, admin_token, env_value, process_env, worker_index
 from rls.tls import startup_problem as tls_startup_problem
 from rls.top_cli import add_parser as add_top_parser
 from rls.tracing import startup_problem as tracing_startup_problem
@@ -139,7 +140,7 @@ def startup_problem(settings: Settings) -> str | None:
         if not os.path.exists(path):
             return f"--config: {path}: {missing_reason(path)}"
     if settings.strict:
-        for warning in empty_directories(settings.config):
+        for warning in empty_directories(settings.config, settings.config_all_files):
             return f"--config: {warning.file}: {warning.message} (--strict)"
     return None
 
@@ -187,8 +188,12 @@ def _admin_command(args: argparse.Namespace) -> int:
         return client.fail(args.command, str(exc))
 
 
-def main(argv: Sequence[str] | None = None, notes: Sequence[tuple[int, str]] = ()) -> int:
-    """`notes`: (level, line)s `rls serve` logs at start (rls.reference_env's, for one)."""
+def main(
+    argv: Sequence[str] | None = None, notes: Sequence[tuple[int, str]] | None = None
+) -> int:
+    """`notes`: (level, line)s `rls serve` logs at start, from a caller that translated the
+    reference's environment itself (the `ratelimit` entry, rls.reference_env); None: `rls
+    serve` names the reference variables it was given and does not read."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
         # The demo has its own parser: its flags and --help reach it untouched.
@@ -212,7 +217,9 @@ def main(argv: Sequence[str] | None = None, notes: Sequence[tuple[int, str]] = (
     return _serve(args, argv, notes)
 
 
-def _serve(args: argparse.Namespace, argv: list[str], notes: Sequence[tuple[int, str]]) -> int:
+def _serve(
+    args: argparse.Namespace, argv: list[str], notes: Sequence[tuple[int, str]] | None
+) -> int:
     """`rls serve`: settings, the start-up checks, logging, then one process or the workers."""
     try:
         settings = _settings_from(args)
@@ -227,9 +234,11 @@ def _serve(args: argparse.Namespace, argv: list[str], notes: Sequence[tuple[int,
         settings.log_level, settings.log_format, "supervisor" if settings.workers > 1 else None
     )
     log = logging.getLogger("rls")
+    if notes is None:
+        notes = _reference_notes()
     for level, note in notes:
         log.log(level, "%s", note)
-    for warning in empty_directories(settings.config):
+    for warning in empty_directories(settings.config, settings.config_all_files):
         log.warning("%s", warning)
     if settings.workers > 1:
         return _supervise(settings, argv)
@@ -242,13 +251,24 @@ def _serve(args: argparse.Namespace, argv: list[str], notes: Sequence[tuple[int,
         return 0
 
 
+def _reference_notes() -> list[tuple[int, str]]:
+    """`rls serve`'s line naming the reference variables set and not read; a `--workers`
+    worker leaves it to its supervisor, which logged it once."""
+    if worker_index() is not None:
+        return []
+    note = serve_note(process_env())
+    return [] if note is None else [note]
+
+
 def _workers_problem(settings: Settings) -> tuple[int, str] | None:
     """(exit code, line) when `--workers` must not start: checked once here, as a worker that
     cannot load the config would exit and be restarted forever by the supervisor."""
     try:
-        config = load_paths(settings.config, settings.merge_domains)
+        config = load_paths(settings.config, settings.merge_domains,
+                            every_file=settings.config_all_files)
     except ConfigError as exc:
-        command = check_config_command(settings.config, settings.merge_domains, settings.strict)
+        command = check_config_command(settings.config, settings.merge_domains, settings.strict,
+                                       settings.config_all_files)
         return 1, (f"cannot start: the config does not load: {problems_line(exc)} "
                    f"(every problem: {command})")
     xds = settings.config_type == "GRPC_XDS_SOTW"  # each worker gets its own stream

@@ -69,6 +69,9 @@ FLAGS = {
     "max_value_bytes": "longest entry key; a longer value is decided by a stand-in",
     "max_request_bytes": "largest request message",
     "response_headers": "add RateLimit-Limit/-Remaining/-Reset/-Policy to responses",
+    "limit_header": "--response-headers: name of the header holding the limit",
+    "remaining_header": "--response-headers: name of the header holding what remains",
+    "reset_header": "--response-headers: name of the header holding the seconds to reset",
     "json_body": "JSON body on 429 answers (raw_body)",
     "dynamic_metadata": "decision details as dynamic metadata for access logs",
     "tracing_enabled": "OpenTelemetry tracing: spans exported by OTLP (OTEL_EXPORTER_OTLP_*)",
@@ -78,6 +81,8 @@ FLAGS = {
     "tracing_service_instance_id": "service.instance.id of rls's spans ('': a random UUID)",
     "tracing_sampling_rate": "fraction of new traces recorded (a caller's decision is kept)",
     "allow_empty_config": "start even with no descriptor loaded (every call answered OK)",
+    "config_all_files": "read every file of a --config directory, not only *.yaml / *.yml "
+    "(as envoyproxy/ratelimit; dot files still skipped)",
     "strict": "config warnings (repeated YAML key, rate_limit without requests_per_unit, "
     "empty directory) are errors",
     "counters_config": "frequency counters YAML: per-domain timezone and key_hash, caches",

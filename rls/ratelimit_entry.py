@@ -20,9 +20,14 @@ USAGE = (
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("-h", "--help"):
+        from rls.reference_help import entry_help
+
+        print(entry_help(USAGE))
+        return 0
     if args:
-        print(USAGE, file=sys.stdout if args[0] in ("-h", "--help") else sys.stderr)
-        return 0 if args[0] in ("-h", "--help") else 2
+        print(USAGE, file=sys.stderr)
+        return 2
     try:
         from rls.cli import main as cli_main
         from rls.reference_env import plan

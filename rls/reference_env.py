@@ -11,7 +11,8 @@ and returns the `rls serve` command line they mean, plus the lines rls logs at s
   the whole admin API, guarded by the token as under `rls serve`.
 - config, `CONFIG_TYPE=FILE` (the default): the directory
   `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`, as the reference's runtime loader
-  reads it; an empty directory starts (no limits), a missing one is a start-up error as there.
+  reads it (every file, whatever its name); an empty directory starts (no limits), a missing
+  one is a start-up error as there.
   Edits inside it and a swap of a symlink on the way to it (`RUNTIME_WATCH_ROOT=true`'s
   layout: `RUNTIME_ROOT` a link moved to a new version) are both picked up
   (rls.config.reload). Dot files are always skipped (`RUNTIME_IGNOREDOTFILES=false` is noted).
@@ -198,6 +199,8 @@ def _config(env: Mapping[str, str], out: Plan) -> None:
             )
         out.argv += ["--config", directory]
         _flag(env, out, "allow_empty_config")  # as the reference: an empty directory starts
+    if kind == "FILE":
+        _flag(env, out, "config_all_files")  # as the reference: every file, whatever its name
     if kind == "FILE" and env.get("RUNTIME_IGNOREDOTFILES", "").lower() == "false":
         out.notes.append((logging.WARNING, "RUNTIME_IGNOREDOTFILES=false: rls skips dot files "
                           "all the same (a ConfigMap's ..data would be read twice)"))

@@ -159,7 +159,8 @@ class Server:
             # One line: every problem with its location, and the command that checks again.
             log.error("cannot start: the config does not load: %s (every problem: %s)",
                       app.holder.last_error, check_config_command(
-                          settings.config, settings.merge_domains, settings.strict))
+                          settings.config, settings.merge_domains, settings.strict,
+                          settings.config_all_files))
             return False
         app.holder.start(settings.reload_interval)
         return True

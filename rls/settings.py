@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -39,6 +40,9 @@ REFERENCE_ENV = {
     "log_level": "LOG_LEVEL",
     "log_format": "LOG_FORMAT",
     "response_headers": "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "limit_header": "LIMIT_LIMIT_HEADER",
+    "remaining_header": "LIMIT_REMAINING_HEADER",
+    "reset_header": "LIMIT_RESET_HEADER",
     "dynamic_metadata": "RESPONSE_DYNAMIC_METADATA",
     "prometheus_path": "PROMETHEUS_PATH",
     # Config over xDS (rls/config/xds; docs/configuration.md, "Config from a control plane")
@@ -132,6 +136,10 @@ class Settings:
     max_value_bytes: int = 1024
     max_request_bytes: int = 1024 * 1024
     response_headers: bool = False  # RateLimit-* headers in response_headers_to_add
+    # Their names (the reference's LIMIT_*_HEADER variables, with the reference's defaults).
+    limit_header: str = "RateLimit-Limit"
+    remaining_header: str = "RateLimit-Remaining"
+    reset_header: str = "RateLimit-Reset"
     json_body: bool = False  # JSON body (raw_body) on OVER_LIMIT answers
     dynamic_metadata: bool = False  # decision details as dynamic metadata for access logs
     # OpenTelemetry tracing (rls/tracing): OTLP export configured by the OTEL_EXPORTER_OTLP_*
@@ -145,6 +153,9 @@ class Settings:
     # Start without any descriptor loaded (every call answered OK until a config appears).
     # Off: a missing path, no --config or zero domains is a startup error.
     allow_empty_config: bool = False
+    # Read every file of a --config directory, not only *.yaml / *.yml (dot files still
+    # skipped): the reference's runtime loader does, and the `ratelimit` entry asks for it.
+    config_all_files: bool = False
     strict: bool = False  # config warnings (duplicate YAML key, no requests_per_unit) are errors
     counters_config: str = ""  # frequency counters YAML (per-domain timezone, key_hash, caches)
     # Admin listener off loopback without RLS_ADMIN_TOKEN: refused unless this is set.
@@ -227,6 +238,8 @@ class Settings:
                 raise SettingError(name, f"{getattr(self, name)!r} is not between 0 and 1")
         for name in ("grpc_addr", "http_addr", "extproc_addr", "prometheus_addr"):
             _check_addr(name, getattr(self, name))
+        for name in HEADER_NAMES:
+            _check_header_name(name, getattr(self, name))
         if not self.prometheus_path.startswith("/"):
             raise SettingError("prometheus_path", f"{self.prometheus_path!r} must start with /")
         if not (self.admin_insecure or self.admin_read_only or admin_token()):
@@ -296,6 +309,18 @@ def _check_range(name: str, value: float, low: float, high: float) -> None:
         raise SettingError(name, f"{value!r} is below the minimum {low}")
     if value > high:
         raise SettingError(name, f"{value!r} is above the maximum {high}")
+
+
+# The settings that name a response header, and what such a name may hold: an HTTP field
+# name is a token (RFC 9110, section 5.1); anything else Envoy would refuse to add.
+HEADER_NAMES = ("limit_header", "remaining_header", "reset_header")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _check_header_name(name: str, value: str) -> None:
+    if not _TOKEN.fullmatch(value):
+        raise SettingError(name, f"{value!r} is not an HTTP header name (letters, digits and "
+                           "!#$%&'*+-.^_`|~ only, not empty)")
 
 
 def _check_readable(name: str, path: str) -> None:

@@ -131,7 +131,8 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
 # --- markers -------------------------------------------------------------------------------
 # Every test gets one kind, derived from where it lives and what it uses, so that
 # `pytest -m unit` is the fast loop and `-m "not slow"` skips the long ones:
-#   slow  - load, fault, observability (real Prometheus) and quota (real Envoy, windows) suites
+#   slow  - load, fault, observability (real Prometheus) and quota (real Envoy, windows) suites,
+#           and a test marked slow itself (a fresh venv installed from the index)
 #   envoy - tests that start a real Envoy
 #   redis - tests that use a real redis-server (a fixture, or an rls process on one)
 #   unit  - the rest: in process, no external server
@@ -156,5 +157,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.envoy)
         elif folder in REDIS_DIRS or fixtures & REDIS_FIXTURES or "srv" in fixtures:
             item.add_marker(pytest.mark.redis)
-        elif folder not in SLOW_DIRS and "rls_factory" not in fixtures:
+        elif (folder not in SLOW_DIRS and "rls_factory" not in fixtures
+              and item.get_closest_marker("slow") is None):  # marked slow by the test itself
             item.add_marker(pytest.mark.unit)

@@ -112,3 +112,17 @@ def test_config_flag_works_like_serve_s(tmp_path: Path) -> None:
     assert bad.returncode == 1 and bad.stderr
     nothing = check_config()
     assert nothing.returncode == 2 and "--config PATH" in nothing.stderr
+
+
+def test_config_all_files_checks_what_bin_ratelimit_reads(tmp_path: Path) -> None:
+    """A file without .yaml/.yml is named and left out by default (as `rls serve` does), and
+    checked with --config-all-files (as `rls serve --config-all-files` and /bin/ratelimit
+    read it)."""
+    cfg = good_copy(tmp_path)
+    (cfg / "partner-limits").write_text("domain: partner\ndescriptors:\n  - value: x\n")
+    default = check_config(cfg)
+    assert default.returncode == 0, default.stderr
+    assert f"{cfg / 'partner-limits'}: skipped: its name does not end in .yaml" in default.stderr
+    every = check_config("--config-all-files", cfg)
+    assert every.returncode == 1, every.stderr
+    assert f"{cfg / 'partner-limits'}: descriptor has empty key" in messages(every.stderr)

@@ -188,3 +188,41 @@ def test_added_bad_file_keeps_old_config(rls_factory, tmp_path: Path) -> None:
         lambda t: has_limit(t, "beta.ip", 5) and has_limit(t, "alpha.user", 10),
         "fixed added file",
     )
+
+
+def configmap_with_extensionless_key(tmp_path: Path) -> tuple[Path, Path]:
+    """A ConfigMap mount holding `alpha.yaml` and `partner-limits` (a key without extension),
+    as the kubelet lays it out; returns the mount and the real file of `partner-limits`."""
+    mount = tmp_path / "configmap"
+    real = mount / "..2024_01_01_00_00_00.000000001"
+    real.mkdir(parents=True)
+    (real / "alpha.yaml").write_text(config_text("alpha", "user", 10))
+    (real / "partner-limits").write_text(config_text("partner", "client", 5))
+    os.symlink(real.name, mount / "..data")
+    for name in ("alpha.yaml", "partner-limits"):
+        os.symlink(f"..data/{name}", mount / name)
+    return mount, real / "partner-limits"
+
+
+def test_serve_names_a_config_file_it_skips_for_its_name(rls_factory, tmp_path: Path) -> None:
+    mount, _ = configmap_with_extensionless_key(tmp_path)
+    rls = rls_factory(mount)
+    assert has_limit(rlconfig(rls), "alpha.user", 10)
+    assert not has_key(rlconfig(rls), "partner.client")
+    assert (f"{mount / 'partner-limits'}: skipped: its name does not end in .yaml or .yml"
+            in rls.log())
+
+
+def test_config_all_files_loads_and_reloads_an_extensionless_key(
+    rls_factory, tmp_path: Path,
+) -> None:
+    mount, partner = configmap_with_extensionless_key(tmp_path)
+    rls = rls_factory(mount, args=("--config-all-files",))
+    text = rlconfig(rls)
+    assert has_limit(text, "partner.client", 5) and has_limit(text, "alpha.user", 10)
+    assert len([line for line in text.splitlines() if line.startswith("partner.client:")]) == 1
+    assert "skipped" not in rls.log()
+
+    partner.write_text(config_text("partner", "client", 7))
+    wait_until(lambda: has_limit(rlconfig(rls), "partner.client", 7), timeout=WAIT_TIMEOUT,
+               what="the edit of partner-limits live")

@@ -11,6 +11,7 @@ from google.protobuf.json_format import MessageToDict
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
 from rls.metrics import Metrics
+from rls.reference_env import ignored
 from rls.services import ratelimit as ratelimit_module
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
@@ -31,7 +32,7 @@ descriptors:
 """
 
 
-def service(**flags: bool) -> RateLimitService:
+def service(**flags: bool | str) -> RateLimitService:
     config = load_files([("d.yaml", CONFIG)])
     settings = Settings(**flags)
     metrics = Metrics()
@@ -125,6 +126,44 @@ def test_reference_environment_names_enable_extras(
     monkeypatch.setenv(env, "true")
     settings = _settings_from(_parser().parse_args(["serve"]))
     assert getattr(settings, flag) is True
+
+
+async def test_header_names_come_from_the_reference_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LIMIT_LIMIT_HEADER / LIMIT_REMAINING_HEADER / LIMIT_RESET_HEADER rename the three
+    headers as the reference does; rls's own RateLimit-Policy keeps its name."""
+    from rls.cli import _parser, _settings_from
+
+    names = {"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_LIMIT_HEADER": "X-RateLimit-Limit",
+             "LIMIT_REMAINING_HEADER": "X-RateLimit-Remaining",
+             "LIMIT_RESET_HEADER": "X-RateLimit-Reset"}
+    for var, value in names.items():
+        monkeypatch.setenv(var, value)
+    settings = _settings_from(_parser().parse_args(["serve"]))
+    metrics = Metrics()
+    config = load_files([("d.yaml", CONFIG)])
+    limiter = RateLimiter(lambda: config, MemoryBackend(sweep_interval=0), settings, metrics)
+    resp = await RateLimitService(limiter, settings, metrics).decide(request(("k", "v")))
+    h = headers(resp)
+    assert set(h) == {"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset",
+                      "RateLimit-Policy"}
+    assert (h["X-RateLimit-Limit"], h["X-RateLimit-Remaining"]) == ("2", "1")
+    assert 0 < int(h["X-RateLimit-Reset"]) <= 60
+    assert not ignored(names), "/bin/ratelimit reads them too"
+
+
+@pytest.mark.parametrize("value", ["", "X RateLimit", "RateLimit:Limit", "Ümlaut"])
+def test_a_header_name_envoy_would_refuse_is_a_located_error(
+    value: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rls.cli import _parser, _settings_from
+
+    monkeypatch.setenv("LIMIT_RESET_HEADER", value)
+    with pytest.raises(ValueError, match=r"^LIMIT_RESET_HEADER: .* is not an HTTP header name"):
+        _settings_from(_parser().parse_args(["serve"]))
+    with pytest.raises(ValueError, match=r"^--limit-header: .* is not an HTTP header name"):
+        _settings_from(_parser().parse_args(["serve", "--limit-header", value]))
 
 
 async def test_limiter_decision_carries_no_metadata_unless_asked() -> None:

@@ -72,15 +72,26 @@ class LoadBudget:
             )
 
 
-def yaml_files_under(directory: str, warn: Warn = log.warning) -> list[str]:
-    """`*.yaml` / `*.yml` regular files below a directory, sorted, hidden entries skipped.
+SKIPPED_SUFFIX = (
+    "skipped: its name does not end in .yaml or .yml (envoyproxy/ratelimit reads every file "
+    "of its directory: rename it, or pass --config-all-files)"
+)
 
-    Hidden entries are skipped so that Kubernetes ConfigMap mounts (`..data`, `..2024_…`) are
-    read once, through the visible symlinks, instead of twice. Symlinks are followed, but a
-    directory already walked (a link back to a parent) and a file already found (two links to
-    one file) are skipped with a warning, as are entries that are not regular files and links
-    that loop or dangle. The order is os.walk's top-down order: a directory's files, then its
-    subdirectories by name.
+
+def yaml_files_under(
+    directory: str, warn: Warn = log.warning, every_file: bool = False
+) -> list[str]:
+    """`*.yaml` / `*.yml` regular files below a directory, sorted, hidden entries skipped;
+    with `every_file`, every regular file, as the reference's runtime loader reads them.
+
+    Without `every_file` another regular file is skipped with a warning naming it: a ConfigMap
+    key without an extension would otherwise leave its domain unknown (every call OK) without
+    a word. Hidden entries are skipped so that Kubernetes ConfigMap mounts (`..data`,
+    `..2024_…`) are read once, through the visible symlinks, instead of twice. Symlinks are
+    followed, but a directory already walked (a link back to a parent) and a file already found
+    (two links to one file) are skipped with a warning, as are entries that are not regular
+    files and links that loop or dangle. The order is os.walk's top-down order: a directory's
+    files, then its subdirectories by name.
     """
     found: list[str] = []
     seen_dirs: set[tuple[int, int]] = set()
@@ -106,12 +117,15 @@ def yaml_files_under(directory: str, warn: Warn = log.warning) -> list[str]:
             try:
                 st = os.stat(path)  # follows symlinks; ELOOP for links that loop
             except OSError as exc:
-                if name.endswith(CONFIG_SUFFIXES) or os.path.islink(path):
+                if every_file or name.endswith(CONFIG_SUFFIXES) or os.path.islink(path):
                     warn(f"{path}: skipped: {exc.strerror}")
                 continue
             if stat.S_ISDIR(st.st_mode):
                 subdirs.append(path)
-            elif name.endswith(CONFIG_SUFFIXES):
+            elif not every_file and not name.endswith(CONFIG_SUFFIXES):
+                if stat.S_ISREG(st.st_mode):
+                    warn(f"{path}: {SKIPPED_SUFFIX}")
+            else:
                 if not stat.S_ISREG(st.st_mode):
                     warn(f"{path}: skipped: not a regular file ({_kind(st.st_mode)})")
                     continue
@@ -134,13 +148,13 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _sources(paths: Iterable[str], warn: Warn) -> list[tuple[str, bool]]:
+def _sources(paths: Iterable[str], warn: Warn, every_file: bool) -> list[tuple[str, bool]]:
     """(file, found in a directory) for every path: files as given, directories walked."""
     out: list[tuple[str, bool]] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            out += [(f, True) for f in yaml_files_under(raw, warn)]
+            out += [(f, True) for f in yaml_files_under(raw, warn, every_file)]
         elif path.exists():
             out.append((str(path), False))
         else:
@@ -160,13 +174,13 @@ def missing_reason(path: str) -> str:
     return "no such file or directory"
 
 
-def config_files(paths: Iterable[str]) -> list[str]:
+def config_files(paths: Iterable[str], every_file: bool = False) -> list[str]:
     """Every file a load of `paths` would look at (cache rule files included), for change
     detection; never opens a file, never warns."""
     out = []
     for raw in paths:
         if os.path.isdir(raw):
-            out += yaml_files_under(raw, _no_warning)
+            out += yaml_files_under(raw, _no_warning, every_file)
         else:
             out.append(raw)
     return out
@@ -184,7 +198,7 @@ def is_cache_doc(doc: Any) -> bool:
     return isinstance(doc, list) and bool(doc) and isinstance(doc[0], dict) and "api" in doc[0]
 
 
-def discover(paths: Iterable[str]) -> list[str]:
+def discover(paths: Iterable[str], every_file: bool = False) -> list[str]:
     """Descriptor files behind `paths`: files as given, directories walked.
 
     Response-cache rule files found in a directory are left to `--cache-config` (a file named
@@ -192,7 +206,7 @@ def discover(paths: Iterable[str]) -> list[str]:
     kept (loading it reports the error).
     """
     found: list[str] = []
-    for file, in_directory in _sources(paths, log.warning):
+    for file, in_directory in _sources(paths, log.warning, every_file):
         if in_directory:
             try:
                 if is_cache_doc(parse_yaml(file, read_text(file))):
@@ -426,12 +440,14 @@ def _too_big(size: int, limit: int) -> str:
 
 
 def load_paths(
-    paths: Iterable[str], merge_domains: bool = False, budget: LoadBudget | None = None
+    paths: Iterable[str], merge_domains: bool = False, budget: LoadBudget | None = None,
+    *, every_file: bool = False,
 ) -> RateLimitConfig:
-    """Load every descriptor file behind `paths` within `budget`; ConfigError with every
-    problem of every bad file (the whole load is rejected); a budget overrun ends it."""
+    """Load every descriptor file behind `paths` within `budget` (in directories, `*.yaml` /
+    `*.yml`, or with `every_file` every file); ConfigError with every problem of every bad
+    file (the whole load is rejected); a budget overrun ends it."""
     budget = budget or LoadBudget()
-    sources = _sources(paths, log.warning)
+    sources = _sources(paths, log.warning, every_file)
     if len(sources) > budget.max_files:
         raise ConfigError(
             str(next(iter(paths), "")), f"more than {budget.max_files} config files"

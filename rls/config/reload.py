@@ -73,17 +73,20 @@ def problems_line(error: ConfigError) -> str:
     return " | ".join(shown + [f"and {more} more"] * bool(more))
 
 
-def check_config_command(paths: list[str], merge_domains: bool, strict: bool) -> str:
+def check_config_command(
+    paths: list[str], merge_domains: bool, strict: bool, every_file: bool = False
+) -> str:
     """The `rls check-config` line that lists every problem of a config that would not start
     (to run again once they are fixed)."""
-    flags = ["--merge-domains"] * merge_domains + ["--strict"] * strict
+    flags = (["--merge-domains"] * merge_domains + ["--strict"] * strict
+             + ["--config-all-files"] * every_file)
     return shlex.join(["rls", "check-config", *flags, *paths])
 
 
-def fingerprint(paths: list[str]) -> Fingerprint:
+def fingerprint(paths: list[str], every_file: bool = False) -> Fingerprint:
     """What the files look like on disk (stat only; never opens a file)."""
     items = []
-    for file in config_files(paths):
+    for file in config_files(paths, every_file):
         try:
             st = os.stat(file)
             items.append((file, os.path.realpath(file), st.st_mtime_ns, st.st_size, st.st_ino))
@@ -182,8 +185,10 @@ class ConfigHolder:
         *,
         strict: bool = False,
         allow_empty: bool = True,
+        every_file: bool = False,
     ) -> None:
         self.paths = paths
+        self.every_file = every_file  # every file of a directory, not only *.yaml / *.yml
         self.strict = strict  # config warnings fail the load
         self.allow_empty = allow_empty  # False: a load with zero domains is an error
         self.metrics = metrics
@@ -201,9 +206,10 @@ class ConfigHolder:
 
     def _load(self) -> tuple[Fingerprint, RateLimitConfig | ConfigError]:
         """Fingerprint and load; runs in a worker thread (or at start-up, before serving)."""
-        fp = fingerprint(self.paths)
+        fp = fingerprint(self.paths, self.every_file)
         try:
-            config = load_paths(self.paths, self.merge_domains, self.budget())
+            config = load_paths(self.paths, self.merge_domains, self.budget(),
+                                every_file=self.every_file)
             for warning in config.warnings:
                 log.warning("%s", warning)
             if self.strict and config.warnings:
@@ -222,7 +228,7 @@ class ConfigHolder:
             return fp, ConfigError(where, f"unexpected {type(exc).__name__}: {exc}")
 
     def _load_if_changed(self) -> tuple[Fingerprint, RateLimitConfig | ConfigError] | None:
-        now = fingerprint(self.paths)
+        now = fingerprint(self.paths, self.every_file)
         if now == self._fingerprint:
             return None
         # Name what changed (edited, added or removed files) before reloading.
@@ -294,7 +300,7 @@ class ConfigHolder:
         self.last_error = None
 
     def changed(self) -> bool:
-        return fingerprint(self.paths) != self._fingerprint
+        return fingerprint(self.paths, self.every_file) != self._fingerprint
 
     def _watch_roots(self) -> tuple[list[str], list[str]]:
         """(directories to watch recursively, directories to watch alone: parents of config

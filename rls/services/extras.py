@@ -2,8 +2,9 @@
 
 - `--response-headers`: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` in
   `response_headers_to_add` (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED, same choice
-  of descriptor: the smallest remaining, overridden by any non-quota OVER_LIMIT one), plus
-  `RateLimit-Policy` (IETF draft: `<limit>;w=<window seconds>` per limited descriptor).
+  of descriptor: the smallest remaining, overridden by any non-quota OVER_LIMIT one; the three
+  names are settings, as the reference's LIMIT_*_HEADER variables), plus `RateLimit-Policy`
+  (IETF draft: `<limit>;w=<window seconds>` per limited descriptor; rls's own, fixed name).
 - `--json-body`: a JSON body for 429 answers (`raw_body`), naming the limit and when to retry.
 - `--dynamic-metadata`: decision details as dynamic metadata for Envoy's access logs
   (`%DYNAMIC_METADATA(envoy.filters.http.ratelimit)%`): the reference's `domain`,
@@ -28,7 +29,7 @@ def decorate(
     settings: Settings,
 ) -> None:
     if settings.response_headers:
-        _headers(response, decision.statuses)
+        _headers(response, decision.statuses, settings)
     if settings.json_body and decision.overall == OVER_LIMIT:
         response.raw_body = _json_body(decision.statuses)
         # Only on OVER_LIMIT: headers added to an OK answer would land on the upstream response.
@@ -50,14 +51,16 @@ def _chosen(statuses: list[Status]) -> Status | None:
     return chosen
 
 
-def _headers(response: rls_pb2.RateLimitResponse, statuses: list[Status]) -> None:
+def _headers(
+    response: rls_pb2.RateLimitResponse, statuses: list[Status], settings: Settings
+) -> None:
     chosen = _chosen(statuses)
     if chosen is None or chosen.limit is None:
         return
     add = response.response_headers_to_add.add
-    add(key="RateLimit-Limit", value=str(chosen.limit.requests_per_unit))
-    add(key="RateLimit-Remaining", value=str(chosen.remaining))
-    add(key="RateLimit-Reset", value=str(chosen.reset_seconds or 0))
+    add(key=settings.limit_header, value=str(chosen.limit.requests_per_unit))
+    add(key=settings.remaining_header, value=str(chosen.remaining))
+    add(key=settings.reset_header, value=str(chosen.reset_seconds or 0))
     policy = ", ".join(
         f"{st.limit.requests_per_unit};w={st.limit.window_seconds}"
         for st in statuses

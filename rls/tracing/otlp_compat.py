@@ -33,6 +33,10 @@ MODULES = {
     _P + "collector.metrics.v1.metrics_service_pb2": "metrics_service_pb2.py",
 }
 _CANARY = _P + "common.v1.common_pb2"
+# Puts opentelemetry-proto's own files back over xds-protos' copy, at the installed version
+# (docs/observability.md, "OpenTelemetry protos in rls's environment"; the Dockerfile runs it).
+REPAIR = ('pip install --no-deps --force-reinstall "opentelemetry-proto==$(pip show '
+          "opentelemetry-proto | sed -n 's/^Version: //p')\"")
 
 
 class OtlpProtoError(RuntimeError):
@@ -72,7 +76,7 @@ def install() -> bool:
     if loaded:
         raise OtlpProtoError(
             f"{loaded[0]} was imported from xds-protos' old copy before tracing started; "
-            "repair the install: pip install --force-reinstall --no-deps opentelemetry-proto"
+            f"repair the install: {REPAIR}"
         )
     sys.meta_path.insert(0, _FINDER)
     return True

@@ -14,7 +14,7 @@ from support.net import free_port
 from rls import reference_env
 from rls.ratelimit_entry import USAGE
 from rls.ratelimit_entry import main as ratelimit_main
-from rls.reference_env import REFERENCE_VARIABLES, ignored, plan
+from rls.reference_env import REFERENCE_VARIABLES, honoured, ignored, plan
 from rls.settings import SettingError, Settings
 
 from .helpers import STATSD_LINE, Ratelimit, ignored_lines
@@ -38,7 +38,8 @@ def test_reference_defaults_become_rls_serve_flags(tmp_path: Path) -> None:
     assert flags(got.argv) == {
         "--grpc-addr": "0.0.0.0:8081", "--http-addr": "0.0.0.0:8080", "--admin-read-only": None,
         "--config": f"{tmp_path}/config", "--allow-empty-config": None,
-        "--prometheus-addr": ":9090", "--reference-metrics": None, "--failure-mode": "error",
+        "--config-all-files": None, "--prometheus-addr": ":9090", "--reference-metrics": None,
+        "--failure-mode": "error",
     }
 
 
@@ -109,7 +110,41 @@ def test_ratelimit_takes_no_arguments(capsys: pytest.CaptureFixture[str]) -> Non
     assert ratelimit_main(["serve"]) == 2
     assert USAGE in capsys.readouterr().err
     assert ratelimit_main(["--help"]) == 0
-    assert USAGE in capsys.readouterr().out
+    assert capsys.readouterr().out.startswith(USAGE + "\n")
+
+
+def help_lines(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """`ratelimit --help`'s variables: name -> its line, wrapped lines joined."""
+    assert ratelimit_main(["--help"]) == 0
+    out: dict[str, str] = {}
+    last = ""
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith("      ") and last:
+            out[last] += " " + line.strip()
+        elif line.startswith("  ") and line[2:3].isupper():
+            last = line.split()[0]
+            assert last not in out, f"{last} listed twice"
+            out[last] = line.strip()
+        else:
+            last = ""
+    return out
+
+
+def test_ratelimit_help_lists_every_variable_it_reads_with_its_default(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines = help_lines(capsys)
+    assert set(lines) == set(honoured())
+    assert lines["GRPC_PORT"] == "GRPC_PORT  --grpc-addr port (default 8081)"
+    assert lines["PROMETHEUS_ADDR"].startswith("PROMETHEUS_ADDR  --prometheus-addr (default :9090)")
+    assert lines["CACHE_KEY_PREFIX"].startswith("CACHE_KEY_PREFIX  --key-prefix (default rl:)")
+    assert lines["LIMIT_RESET_HEADER"].startswith(
+        "LIMIT_RESET_HEADER  --reset-header (default RateLimit-Reset)")
+    assert "(default" in lines["CONFIG_TYPE"] and "(default" in lines["SHADOW_MODE"]
+    # Derived from the tables: a variable mapped there later is listed by itself.
+    monkeypatch.setitem(reference_env.REFERENCE_ENV, "near_limit_ratio", "DEBUG_PORT")
+    assert lines != help_lines(capsys)
+    assert help_lines(capsys)["DEBUG_PORT"].startswith("DEBUG_PORT  --near-limit-ratio")
 
 
 def test_read_only_admin_may_listen_off_loopback_without_a_token(

@@ -10,10 +10,12 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
+from envoy.service.ratelimit.v3 import rls_pb2
 from support.net import free_port
 from support.waiting import wait_until
 
-from .helpers import Ratelimit, config_text, write
+from .helpers import Ratelimit, config_text, decide, write
 
 RELOAD_TIMEOUT = 5.0  # the contract is 2 s; slack for a loaded machine
 
@@ -80,3 +82,33 @@ def test_watch_root_layout_reloads_when_the_runtime_root_link_moves(
     os.replace(runtime / "next", runtime / "current")
     wait_until(lambda: "a.k: unit=MINUTE requests_per_unit=2" in rlconfig(rl),
                timeout=RELOAD_TIMEOUT, what="the new version live", log=rl.log)
+
+
+def test_a_configmap_key_without_extension_is_read_once_as_the_reference_reads_it(
+    root: Path, launch: Callable[..., Ratelimit],
+) -> None:
+    """The reference's runtime loader reads every file of the directory, whatever its name:
+    a ConfigMap key `partner-limits` holds a domain there, so it must here too (skipped, its
+    domain would be unknown and every call OK). The kubelet's `..data` and timestamped
+    directory are dot entries: each key is read once, through its visible link."""
+    app = root / "srv/rl/config"
+    real = app / "..2024_01_01_00_00_00.000000001"
+    write(real / "partner-limits", config_text("partner", "client", 1))
+    write(real / "a.yaml", config_text("a", "k", 2))
+    os.symlink(real.name, app / "..data")
+    for name in ("partner-limits", "a.yaml"):
+        os.symlink(f"..data/{name}", app / name)
+    rl = launch(runtime_env(str(root / "srv"), "rl", False))
+
+    dump = rlconfig(rl)
+    assert [line for line in dump.splitlines() if line.startswith("partner.client:")] == [
+        "partner.client: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false"]
+    assert "a.k: unit=MINUTE requests_per_unit=2" in dump
+    assert "skipped" not in rl.log()
+    channel = grpc.insecure_channel(f"127.0.0.1:{rl.ports.grpc}")
+    assert decide(channel, "partner", "client", "acme") == rls_pb2.RateLimitResponse.OK
+    assert decide(channel, "partner", "client", "acme") == rls_pb2.RateLimitResponse.OVER_LIMIT
+
+    write(real / "partner-limits", config_text("partner", "client", 9))  # an edit of the key
+    wait_until(lambda: "partner.client: unit=MINUTE requests_per_unit=9" in rlconfig(rl),
+               timeout=RELOAD_TIMEOUT, what="the edit live", log=rl.log)

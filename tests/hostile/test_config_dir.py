@@ -38,13 +38,15 @@ def billion_laughs(levels: int = 7) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_bounded(paths: list[Path], budget: LoadBudget | None = None) -> RateLimitConfig:
+def load_bounded(paths: list[Path], budget: LoadBudget | None = None,
+                 every_file: bool = False) -> RateLimitConfig:
     """load_paths in a daemon thread: raises what it raised, fails the test if it hangs."""
     box: dict[str, object] = {}
 
     def run() -> None:
         try:
-            box["config"] = load_paths([str(p) for p in paths], budget=budget)
+            box["config"] = load_paths([str(p) for p in paths], budget=budget,
+                                       every_file=every_file)
         except BaseException as exc:  # handed back to the test
             box["error"] = exc
 
@@ -57,9 +59,10 @@ def load_bounded(paths: list[Path], budget: LoadBudget | None = None) -> RateLim
     return box["config"]  # type: ignore[return-value]
 
 
-def config_error(paths: list[Path], budget: LoadBudget | None = None) -> str:
+def config_error(paths: list[Path], budget: LoadBudget | None = None,
+                 every_file: bool = False) -> str:
     try:
-        load_bounded(paths, budget)
+        load_bounded(paths, budget, every_file)
     except ConfigError as exc:
         message = str(exc)
         assert "\n" not in message and len(message) < 400, message
@@ -167,6 +170,64 @@ def test_kubernetes_configmap_mount_still_read_once(tmp_path: Path) -> None:
     assert config.files == (str(mount / "a.yaml"),)
     shutil.rmtree(real)  # dangling links: skipped, not fatal
     assert load_bounded([mount]).domains == {}
+
+
+def configmap(mount: Path, files: dict[str, str]) -> None:
+    """A ConfigMap volume as the kubelet writes it: the keys in a timestamped directory,
+    `..data` a link to it, and one visible link per key through `..data`."""
+    real = mount / "..2024_01_01_00_00_00.000000001"
+    real.mkdir(parents=True)
+    for name, text in files.items():
+        (real / name).write_text(text)
+        os.symlink(f"..data/{name}", mount / name)
+    os.symlink(real.name, mount / "..data")
+
+
+def test_a_file_without_a_yaml_name_is_skipped_with_a_warning_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`rls serve`'s default: only *.yaml / *.yml are read, but a ConfigMap key without an
+    extension is named, not dropped silently (its domain would answer every call OK)."""
+    mount = tmp_path / "mount"
+    configmap(mount, {"a.yaml": good("alpha"), "partner-limits": good("partner")})
+    os.mkfifo(mount / "pipe")
+    assert set(load_bounded([mount]).domains) == {"alpha"}
+    skipped = [r.message for r in caplog.records if "does not end in .yaml or .yml" in r.message]
+    assert skipped == [f"{mount / 'partner-limits'}: skipped: its name does not end in .yaml or "
+                       ".yml (envoyproxy/ratelimit reads every file of its directory: rename "
+                       "it, or pass --config-all-files)"]
+
+
+def test_every_file_reads_a_configmap_key_without_extension_once(tmp_path: Path) -> None:
+    """As the reference's runtime loader (the `ratelimit` entry): every file, whatever its
+    name; `..data` and the timestamped directory are dot entries, never read a second time."""
+    mount = tmp_path / "mount"
+    configmap(mount, {"a.yaml": good("alpha"), "partner-limits": good("partner"),
+                      "notes.txt": good("notes")})
+    config = load_bounded([mount], every_file=True)
+    assert set(config.domains) == {"alpha", "notes", "partner"}
+    assert config.files == tuple(str(mount / n) for n in ("a.yaml", "notes.txt",
+                                                          "partner-limits"))
+
+
+def test_every_file_still_skips_a_fifo_without_opening_it(cfg: Path, caplog) -> None:
+    os.mkfifo(cfg / "pipe")
+    assert set(load_bounded([cfg], every_file=True).domains) == {"alpha"}
+    assert any("pipe: skipped: not a regular file (a FIFO)" in r.message
+               for r in caplog.records)
+
+
+@pytest.mark.parametrize(("name", "content", "says"), [
+    ("big", (good("big") + "# " + "x" * 2_000_000 + "\n").encode(),
+     "over the 1048576-byte limit per file"),
+    ("blob", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "not UTF-8"),
+])
+def test_every_file_rejects_huge_and_binary_files_naming_them(
+    cfg: Path, name: str, content: bytes, says: str,
+) -> None:
+    (cfg / name).write_bytes(content)
+    message = config_error([cfg], every_file=True)
+    assert message.startswith(f"{cfg / name}: ") and says in message, message
 
 
 def test_unreadable_character_error_is_one_line(cfg: Path) -> None:

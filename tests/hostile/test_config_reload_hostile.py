@@ -91,9 +91,9 @@ async def test_idle_watch_stats_nothing_and_loads_off_the_loop(tmp_path: Path,
     calls: list[int] = []
     real = reload_mod.config_files
 
-    def counting(paths: list[str]) -> list[str]:
+    def counting(paths: list[str], every_file: bool = False) -> list[str]:
         calls.append(threading.get_ident())
-        return real(paths)
+        return real(paths, every_file)
 
     monkeypatch.setattr(reload_mod, "config_files", counting)
     holder.start(0.05)

@@ -11,6 +11,8 @@ What is checked, against the sources rather than copies of their values:
 - the HEALTHCHECK URL path is a route of the real admin app (rls/admin/app.py), and the
   HEALTHCHECK command itself, pointed at a real `rls serve`, exits 0 while it is healthy and
   non-zero once it is gone;
+- xds-protos' old OpenTelemetry protos are replaced by opentelemetry-proto's after the wheel's
+  install, in the same venv;
 - USER is not root; every COPY source exists and survives .dockerignore; the build stage
   gets what `pip wheel .` needs (pyproject, the readme it names, rls/ and lua/ behind the
   rls/lua symlink with every Lua file the Redis script loads);
@@ -105,6 +107,17 @@ def test_python_311_base_images_and_multi_stage_wheel_build():
     assert "python -m venv /opt/rls" in install and "/opt/rls/bin/pip install" in install
     env = " ".join(args for ins, args in final if ins == "ENV")
     assert "PATH=/opt/rls/bin:" in env
+
+
+def test_opentelemetry_protos_are_put_back_after_the_wheel_is_installed():
+    """xds-protos, installed with the wheel, overwrites opentelemetry-proto's files: the repair
+    must come after that install, in the same venv (tests/tracing/test_install.py runs it)."""
+    steps = [step.strip() for step in one("RUN", stages()[-1]).split("&&")]
+    wheel = next(i for i, step in enumerate(steps) if "/tmp/wheels/*.whl" in step)
+    repair = [i for i, step in enumerate(steps) if "--force-reinstall" in step]
+    assert repair and repair[0] > wheel, steps
+    assert steps[repair[0]].startswith("/opt/rls/bin/pip install ")
+    assert '"opentelemetry-proto==$(/opt/rls/bin/pip show opentelemetry-proto' in steps[repair[0]]
 
 
 def test_entrypoint_is_the_console_script_of_the_package():
