@@ -1,0 +1,161 @@
+"""The image, built from the Dockerfile without a Docker engine, started the way Envoy Gateway
+starts it.
+
+The runtime stage is replayed on a Debian root filesystem (tests/deploy/image.py: debootstrap
+of the base image's suite, the wheel of this repository and its dependencies installed by the
+Dockerfile's own RUN). The container is then `/bin/ratelimit` with no arguments and only its
+environment (the image's ENV and Envoy Gateway's variables), as uid/gid 65534, chrooted into
+that root made read-only, with EG's Secret mounted at /certs (tests/deploy/container.py). Two
+things are relocated so that the test runs beside others on one machine: the listeners get
+free ports (GRPC_PORT, PORT, PROMETHEUS_ADDR) and REDIS_URL is the test's redis-server.
+
+Cold cost: debootstrap (~4 min) and the dependency wheels (~1.5 min), both cached
+(tests/deploy/cache.py); warm: the wheel, the unpacking and the RUN, about a minute.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from dropin.helpers import EG_ENV, Ports, Ratelimit, decide, eg_certificates, grpc_channel
+from envoy.service.ratelimit.v3 import rls_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from ship.helpers import avoid_window_edge
+from support.net import free_port
+from support.redis_server import RedisServer
+from support.waiting import wait_until
+
+from .container import Bind, contained, host_can_contain
+from .image import Image, build_image
+
+OK = rls_pb2.RateLimitResponse.OK
+OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
+NOBODY = 65534  # EG's runAsUser and runAsGroup
+# What a process that failed to write to its read-only root (or anywhere it may not) logs.
+LOG_PROBLEMS = re.compile(r"Read-only file system|Errno 30|Permission denied|Traceback")
+
+why_not = host_can_contain()
+pytestmark = pytest.mark.skipif(why_not is not None, reason=f"the image test {why_not}")
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Image]:
+    """The image, built in a tmpfs: unpacking and removing its ~20,000 files cost nothing."""
+    scratch = tmp_path_factory.mktemp("image")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3g,mode=700", "rls-image", str(scratch)],
+                   check=True, timeout=30)
+    try:
+        yield build_image(scratch / "build")
+    finally:
+        subprocess.run(["umount", "--lazy", str(scratch)], check=True, timeout=60)
+
+
+def home_of(image: Image, uid: int) -> str:
+    """HOME as the runtime sets it for a uid: its home in the image's /etc/passwd."""
+    for line in (image.root / "etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if int(fields[2]) == uid:
+            return fields[5]
+    return "/"
+
+
+def eg_container_env(image: Image, config_type: str, redis: RedisServer) -> tuple[dict[str, str],
+                                                                                   Ports]:
+    """The container's environment under EG: the image's ENV, then EG's variables."""
+    ports = Ports(free_port(), free_port(), free_port())
+    env = {**image.env, "HOME": home_of(image, NOBODY), **EG_ENV,
+           "CONFIG_TYPE": config_type, "REDIS_URL": f"127.0.0.1:{redis.port}",
+           "GRPC_PORT": str(ports.grpc), "PORT": str(ports.http),
+           "PROMETHEUS_ADDR": f":{ports.prometheus}"}
+    return env, ports
+
+
+def start(image: Image, env: dict[str, str], ports: Ports, binds: list[Bind],
+          log_dir: Path) -> Ratelimit:
+    """EG's `Command: ["/bin/ratelimit"]`, no arguments, as 65534 on the read-only root."""
+    command = contained(image.root, ["/bin/ratelimit"], env, user=NOBODY, read_only_root=True,
+                        binds=binds)
+    log_path = log_dir / "ratelimit.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    rl = Ratelimit(proc, log_path, ports)
+    wait_until(rl.healthy, timeout=60, what="/bin/ratelimit /healthcheck", log=rl.log,
+               alive=lambda: proc.poll() is None)
+    status = Path(f"/proc/{proc.pid}/status").read_text()
+    assert f"Uid:\t{NOBODY}\t" in status and f"Gid:\t{NOBODY}\t" in status, status
+    return rl
+
+
+def stop_and_check_log(rl: Ratelimit) -> None:
+    """SIGTERM ends it with 0, and nothing in its log says a write failed."""
+    assert rl.stop() == 0, rl.log()
+    assert not LOG_PROBLEMS.search(rl.log()), rl.log()
+
+
+def test_the_replayed_root_is_read_only_to_the_container(image: Image):
+    """The harness's own check: a write to the root fails there (even as root), and works
+    when the root is left writable, so a clean run below means nothing was written."""
+    probe = ["/opt/rls/bin/python", "-c", "open('/written-by-the-container', 'w')"]
+    denied = subprocess.run(contained(image.root, probe, image.env, read_only_root=True),
+                            capture_output=True, text=True, timeout=60)
+    assert denied.returncode != 0 and "Read-only file system" in denied.stderr, denied.stderr
+    assert not (image.root / "written-by-the-container").exists()
+    allowed = subprocess.run(contained(image.root, probe, image.env),
+                             capture_output=True, text=True, timeout=60)
+    assert allowed.returncode == 0, allowed.stderr
+    (image.root / "written-by-the-container").unlink()
+
+
+def test_file_mode_decides_as_envoy_gateway_starts_the_image(
+    image: Image, redis_server: RedisServer, tmp_path: Path,
+):
+    """RUNTIME_ROOT=/data with the config where the reference looks for it
+    (/data/ratelimit/config/), TLS from EG's Secret at /certs: OK, OK, then OVER_LIMIT."""
+    redis_server.client().flushall()
+    assert image.exposed >= {8081}  # EG's container port `grpc`
+    pki = eg_certificates(tmp_path)
+    data = tmp_path / "data"
+    (data / "ratelimit/config").mkdir(parents=True)
+    (data / "ratelimit/config/limits.yaml").write_text(
+        "domain: eg\ndescriptors:\n  - key: client\n    rate_limit:\n"
+        "      unit: minute\n      requests_per_unit: 2\n")
+    for path in (data, data / "ratelimit", data / "ratelimit/config"):
+        path.chmod(0o755)
+    env, ports = eg_container_env(image, "FILE", redis_server)
+    assert env["RUNTIME_ROOT"] == "/data"
+    rl = start(image, env, ports, [Bind(pki.mount, "/certs"), Bind(data, "/data")], tmp_path)
+    try:
+        avoid_window_edge(60, 5)
+        with grpc_channel(rl, pki.mount) as channel:
+            codes = [decide(channel, "eg", "client", "a") for _ in range(3)]
+        assert codes == [OK, OK, OVER], rl.log()
+        assert redis_server.client().dbsize() > 0  # counted in the Redis of REDIS_URL
+    finally:
+        stop_and_check_log(rl)
+
+
+def test_xds_force_start_serves_with_no_control_plane_reachable(
+    image: Image, redis_server: RedisServer, tmp_path: Path,
+):
+    """EG's own mode: CONFIG_TYPE=GRPC_XDS_SOTW with FORCE_START_WITHOUT_INITIAL_CONFIG, the
+    controller's address closed. It serves at once: health, and every call OK (no limits)."""
+    pki = eg_certificates(tmp_path)
+    env, ports = eg_container_env(image, "GRPC_XDS_SOTW", redis_server)
+    assert env["FORCE_START_WITHOUT_INITIAL_CONFIG"] == "true"
+    env["CONFIG_GRPC_XDS_SERVER_URL"] = f"127.0.0.1:{free_port()}"  # nothing listens there
+    rl = start(image, env, ports, [Bind(pki.mount, "/certs")], tmp_path)
+    try:
+        with grpc_channel(rl, pki.mount) as channel:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+            assert decide(channel, "eg", "client", "a") == OK
+    except grpc.RpcError as exc:
+        raise AssertionError(f"{exc}\n{rl.log()}") from exc
+    finally:
+        stop_and_check_log(rl)
