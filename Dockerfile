@@ -25,8 +25,12 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- runtime: the wheel and its dependencies in a venv, nothing else --------------------------
 FROM python:3.11-slim-bookworm AS runtime
+# TMPDIR: the only writes rls makes are --workers > 1's shared directory (status, multiprocess
+# metrics). /dev/shm is the tmpfs every container runtime mounts writable, even on a read-only
+# root with no /tmp volume, which is how Envoy Gateway runs this image.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    TMPDIR=/dev/shm \
     PATH=/opt/rls/bin:$PATH
 COPY --from=build /wheels /tmp/wheels
 RUN python -m venv /opt/rls \

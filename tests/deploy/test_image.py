@@ -111,11 +111,14 @@ def test_the_replayed_root_is_read_only_to_the_container(image: Image):
     (image.root / "written-by-the-container").unlink()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_file_mode_decides_as_envoy_gateway_starts_the_image(
-    image: Image, redis_server: RedisServer, tmp_path: Path,
+    image: Image, redis_server: RedisServer, tmp_path: Path, workers: int,
 ):
     """RUNTIME_ROOT=/data with the config where the reference looks for it
-    (/data/ratelimit/config/), TLS from EG's Secret at /certs: OK, OK, then OVER_LIMIT."""
+    (/data/ratelimit/config/), TLS from EG's Secret at /certs: OK, OK, then OVER_LIMIT. Also
+    with RLS_WORKERS=2 added (rateLimitDeployment.container.env): the workers' shared
+    directory must find a writable place on the read-only root."""
     redis_server.client().flushall()
     assert image.exposed >= {8081}  # EG's container port `grpc`
     pki = eg_certificates(tmp_path)
@@ -128,6 +131,8 @@ def test_file_mode_decides_as_envoy_gateway_starts_the_image(
         path.chmod(0o755)
     env, ports = eg_container_env(image, "FILE", redis_server)
     assert env["RUNTIME_ROOT"] == "/data"
+    if workers > 1:
+        env["RLS_WORKERS"] = str(workers)
     rl = start(image, env, ports, [Bind(pki.mount, "/certs"), Bind(data, "/data")], tmp_path)
     try:
         avoid_window_edge(60, 5)
