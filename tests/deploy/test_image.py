@@ -8,6 +8,7 @@ environment (the image's ENV and Envoy Gateway's variables), as uid/gid 65534, c
 that root made read-only, with EG's Secret mounted at /certs (tests/deploy/container.py). Two
 things are relocated so that the test runs beside others on one machine: the listeners get
 free ports (GRPC_PORT, PORT, PROMETHEUS_ADDR) and REDIS_URL is the test's redis-server.
+The chart's rls container runs in the same image too, as its pod spec says.
 
 Cold cost: debootstrap (~4 min) and the dependency wheels (~1.5 min), both cached
 (tests/deploy/cache.py); warm: the wheel, the unpacking and the RUN, about a minute.
@@ -27,11 +28,14 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ship.helpers import avoid_window_edge
 from support.net import free_port
+from support.processes import stop_process
 from support.redis_server import RedisServer
 from support.waiting import wait_until
 
+from .cache import helm_binary
 from .container import Bind, contained, host_can_contain
 from .image import Image, build_image
+from .kube import KEY_PREFIX, channel, prepare_pod, probe_passes, runnable, template
 
 OK = rls_pb2.RateLimitResponse.OK
 OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
@@ -164,3 +168,47 @@ def test_xds_force_start_serves_with_no_control_plane_reachable(
         raise AssertionError(f"{exc}\n{rl.log()}") from exc
     finally:
         stop_and_check_log(rl)
+
+
+def test_the_charts_rls_container_runs_in_the_image(
+    image: Image, redis_server: RedisServer, tmp_path: Path,
+):
+    """helm/rls with every part on (tests/deploy/kube.py: gRPC mTLS, two workers, Redis, the
+    cache, envFrom), its rls container started in the image as the pod spec says: the
+    podSecurityContext's user and group, readOnlyRootFilesystem, its volumes bound at their
+    mount paths (the /tmp emptyDir writable), the image's ENV under the container's env, the
+    image's ENTRYPOINT with the container's args. Its probes pass, a limit of 2 answers OK,
+    OK, OVER_LIMIT, SIGTERM exits 0, nothing in the log says a write failed."""
+    redis_server.client().flushall()
+    run = runnable("everything", redis_server.url, tmp_path)
+    spec = prepare_pod(template(helm_binary(), run.values, tmp_path), run.external,
+                       tmp_path / "volumes")
+    security = {**spec.pod.get("securityContext", {}), **spec.container["securityContext"]}
+    uid = security["runAsUser"]
+    assert security.get("runAsGroup", uid) == uid
+    assert uid != 0 and str(uid) == image.user.split(":")[0]  # the image's own user
+    env = {**image.env, "HOME": home_of(image, uid), **spec.env}
+    binds = [Bind(directory, path, read_only=ro) for path, (directory, ro) in spec.mounts.items()]
+    command = contained(image.root, spec.argv, env, user=uid, binds=binds,
+                        read_only_root=security["readOnlyRootFilesystem"])
+    log_path = tmp_path / "rls.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def read_log() -> str:
+        return log_path.read_text(errors="replace")
+
+    try:
+        for probe in ("readinessProbe", "livenessProbe"):
+            wait_until(lambda p=probe: probe_passes(spec, spec.container[p]), timeout=60,
+                       what=f"the rendered {probe}", log=read_log,
+                       alive=lambda: proc.poll() is None)
+        avoid_window_edge(60, 5)
+        with channel(spec, run.credentials) as chan:
+            codes = [decide(chan, "chart", "client", "a") for _ in range(3)]
+        assert codes == [OK, OK, OVER], read_log()
+        keys = redis_server.client().keys("*")
+        assert keys and all(k.startswith(KEY_PREFIX.encode()) for k in keys), keys
+    finally:
+        assert stop_process(proc) == 0, read_log()
+    assert not LOG_PROBLEMS.search(read_log()), read_log()
