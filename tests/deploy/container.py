@@ -10,7 +10,8 @@ capabilities and no_new_privs (setpriv), as `runAsUser`, `allowPrivilegeEscalati
 and `capabilities: drop: [ALL]` give. Each step in between execs the next, so the process
 started is, in the end, `argv` itself: its pid is the Popen's, signals reach it directly.
 
-Needs root (mount, chroot); the network is the host's (ports are reached from the test).
+Needs root (mount, chroot). The network is the host's (the test reaches the ports), or with
+`own_network` one of its own.
 """
 
 from __future__ import annotations
@@ -45,13 +46,25 @@ def host_can_contain() -> str | None:
     return None
 
 
+def as_user(user: int | None, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """`argv` (inside the root) with exactly `env`, as uid and gid `user` when given."""
+    inner = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
+    if user is None:
+        return inner
+    return ["/usr/bin/setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups",
+            "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", *inner]
+
+
 def contained(root: Path, argv: Sequence[str], env: Mapping[str, str], *,
               user: int | None = None, read_only_root: bool = False,
-              binds: Sequence[Bind] = ()) -> list[str]:
-    """The host command that runs `argv` in `root` as described in the module docstring."""
+              binds: Sequence[Bind] = (), own_network: bool = False) -> list[str]:
+    """The host command that runs `argv` in `root` as described in the module docstring;
+    `own_network`: in a network namespace of its own, loopback only (fixed ports collide with
+    nothing; reach it with `beside()`)."""
     r = shlex.quote(str(root))
     lines = [
         "set -eu",
+        *(["ip link set lo up"] if own_network else []),
         f"mount --bind {r} {r}",
         f"mount -t proc -o nosuid,nodev,noexec proc {r}/proc",
         f"mount -t tmpfs -o nosuid,mode=755,size=1m dev {r}/dev",
@@ -74,9 +87,15 @@ def contained(root: Path, argv: Sequence[str], env: Mapping[str, str], *,
             lines.append(f"mount -o remount,bind,ro {inside}")
     if read_only_root:
         lines.append(f"mount -o remount,bind,ro {r}")
-    inner = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
-    if user is not None:
-        inner = ["/usr/bin/setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups",
-                 "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", *inner]
-    lines.append(f"exec chroot {r} {shlex.join(inner)}")
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(lines)]
+    lines.append(f"exec chroot {r} {shlex.join(as_user(user, argv, env))}")
+    unshare = ["unshare", "--mount", *(["--net"] if own_network else []), "--propagation",
+               "private"]
+    return [*unshare, "sh", "-c", "\n".join(lines)]
+
+
+def beside(pid: int, argv: Sequence[str], env: Mapping[str, str],
+           user: int | None = None) -> list[str]:
+    """The host command that runs `argv` in the mounts, network and root of the contained
+    process `pid`, as Docker runs a HEALTHCHECK or `docker exec` a command."""
+    return ["nsenter", f"--target={pid}", "--mount", "--net", "--root", "--wd",
+            *as_user(user, argv, env)]

@@ -30,10 +30,11 @@ from ship.helpers import avoid_window_edge
 from support.net import free_port
 from support.processes import stop_process
 from support.redis_server import RedisServer
+from support.system import require_binary
 from support.waiting import wait_until
 
 from .cache import helm_binary
-from .container import Bind, contained, host_can_contain
+from .container import Bind, beside, contained, host_can_contain
 from .image import Image, build_image
 from .kube import KEY_PREFIX, channel, prepare_pod, probe_passes, runnable, template
 
@@ -209,6 +210,57 @@ def test_the_charts_rls_container_runs_in_the_image(
         assert codes == [OK, OK, OVER], read_log()
         keys = redis_server.client().keys("*")
         assert keys and all(k.startswith(KEY_PREFIX.encode()) for k in keys), keys
+    finally:
+        assert stop_process(proc) == 0, read_log()
+    assert not LOG_PROBLEMS.search(read_log()), read_log()
+
+
+# ShouldRateLimit from inside the container, with the image's own Python and protos.
+DECIDE_INSIDE = """
+import grpc, sys
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+entry = ratelimit_pb2.RateLimitDescriptor.Entry(key=sys.argv[2], value=sys.argv[3])
+request = rls_pb2.RateLimitRequest(
+    domain=sys.argv[1], descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=[entry])])
+with grpc.insecure_channel("127.0.0.1:8081") as channel:
+    stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+    print(rls_pb2.RateLimitResponse.Code.Name(stub.ShouldRateLimit(request, timeout=5)
+                                              .overall_code))
+"""
+
+
+def test_docker_run_defaults_serve_and_pass_the_healthcheck(image: Image, tmp_path: Path):
+    """`docker run --read-only rls`: ENTRYPOINT and CMD as the image's USER, on its read-only
+    root, in a network of its own (its fixed ports 8081 and 8080 collide with nothing). The
+    Dockerfile's HEALTHCHECK, run beside it as Docker runs it (same user, environment and
+    network), exits 0; a call on the default descriptors answers; SIGTERM exits 0."""
+    require_binary("ip", "iproute2")
+    uid, gid = (int(part) for part in image.user.split(":"))
+    assert uid == gid
+    env = {**image.env, "HOME": home_of(image, uid)}
+    command = contained(image.root, [*image.entrypoint, *image.cmd], env, user=uid,
+                        read_only_root=True, own_network=True)
+    log_path = tmp_path / "rls.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def read_log() -> str:
+        return log_path.read_text(errors="replace")
+
+    def healthy() -> bool:
+        check = subprocess.run(beside(proc.pid, image.healthcheck, env, uid),
+                               capture_output=True, timeout=30)
+        return check.returncode == 0
+
+    try:
+        wait_until(healthy, timeout=60, what="the Dockerfile's HEALTHCHECK", log=read_log,
+                   alive=lambda: proc.poll() is None)
+        call = subprocess.run(
+            beside(proc.pid, ["python", "-c", DECIDE_INSIDE, "gateway", "remote_address",
+                              "10.0.0.1"], env, uid),
+            capture_output=True, text=True, timeout=60)
+        assert call.stdout.strip() == "OK", call.stdout + call.stderr + read_log()
     finally:
         assert stop_process(proc) == 0, read_log()
     assert not LOG_PROBLEMS.search(read_log()), read_log()
