@@ -40,6 +40,7 @@ from .runtime_stage import PYTHON_IMAGE_ENV, base_image, parse_env
 ROOT = DOCKERFILE.parent
 DEBOOTSTRAP_PACKAGES = "python3,python3-venv"
 BUILD_TIMEOUT_S = 1200
+DEBIAN_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # ca-certificates' bundle
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY",
                    "NO_PROXY")
 
@@ -114,7 +115,7 @@ def unpack(tarball: Path, root: Path) -> None:
 def host_ca_bundle() -> Path | None:
     """The CA bundle the host's pip trusts (PIP_CERT, else the system's), lent to the build."""
     for candidate in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"),
-                      ssl.get_default_verify_paths().cafile):
+                      ssl.get_default_verify_paths().cafile, DEBIAN_CA_BUNDLE):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
     return None
