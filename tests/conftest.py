@@ -132,11 +132,12 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
 # Every test gets one kind, derived from where it lives and what it uses, so that
 # `pytest -m unit` is the fast loop and `-m "not slow"` skips the long ones:
 #   slow  - load, fault, observability (real Prometheus) and quota (real Envoy, windows) suites,
-#           and a test marked slow itself (a fresh venv installed from the index)
+#           deploy (the chart under real helm, the image on a Debian root filesystem), and a
+#           test marked slow itself (a fresh venv installed from the index)
 #   envoy - tests that start a real Envoy
 #   redis - tests that use a real redis-server (a fixture, or an rls process on one)
 #   unit  - the rest: in process, no external server
-SLOW_DIRS = {"load", "faults", "observability", "quota"}
+SLOW_DIRS = {"load", "faults", "observability", "quota", "deploy"}
 ENVOY_DIRS = {"e2e"}
 ENVOY_FILES = {"test_cache_e2e.py", "test_demo.py", "test_demo_quota.py", "test_envoy_quota.py",
                "test_xds_envoy.py",
