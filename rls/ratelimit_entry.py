@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stdout if args[0] in ("-h", "--help") else sys.stderr)
         return 0 if args[0] in ("-h", "--help") else 2
     try:
+        from rls.settings import quiet_grpc_core
+
+        quiet_grpc_core()  # before grpc is imported
         from rls.cli import main as cli_main
         from rls.reference_env import plan
 
