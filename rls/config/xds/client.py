@@ -78,7 +78,9 @@ class XdsMetrics:
             registry=registry, multiprocess_mode="livemax",
         )
         self.version = Gauge(
-            "rls_xds_config_version_info", "The xDS version in force (1, label version)",
+            "rls_xds_config_version_info",
+            "The xDS version in force (label version; value always 1): the control plane's "
+            "opaque string, not a number, compared only for equality",
             ["version"], registry=registry, multiprocess_mode="livemax",
         )
         self.acks = Counter("rls_xds_acks", "xDS responses accepted (ACKed)", registry=registry)
