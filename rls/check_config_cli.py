@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rls.config.errors import ConfigError, ConfigWarning
+from rls.config.key_wildcards import offline_notes
 from rls.config.loader import discover, load_files, read_text, yaml_files_under
 from rls.config.yaml_source import parse_yaml
 from rls.frequency.model import is_counters_doc
@@ -134,7 +135,8 @@ def check_config(paths: Sequence[str], merge_domains: bool, strict: bool = False
                 check_cache_file(name)
                 continue
             text = read_text(name)
-            warnings += load_files([(name, text)], merge_domains=True).warnings
+            alone = load_files([(name, text)], merge_domains=True)
+            warnings += [*alone.warnings, *offline_notes(name, alone)]
             files.append((name, text))
         except ConfigError as exc:
             print(exc.detail(), file=sys.stderr)

@@ -15,6 +15,9 @@ INTERRUPTED = 130
 
 def main() -> int:
     try:
+        from rls.settings import quiet_grpc_core
+
+        quiet_grpc_core()  # before grpc is imported
         from rls.cli import main as cli_main
 
         return cli_main()

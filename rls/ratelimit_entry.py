@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     try:
+        from rls.settings import quiet_grpc_core
+
+        quiet_grpc_core()  # before grpc is imported
         from rls.cli import main as cli_main
         from rls.reference_env import plan
 

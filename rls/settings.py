@@ -438,6 +438,14 @@ def env_text(name: str) -> str:
     return os.environ.get(name, "").strip()
 
 
+def quiet_grpc_core() -> None:
+    """GRPC_VERBOSITY=ERROR for this process (and its workers) unless the user set it; called
+    before grpc is imported, as grpc-core reads it once. At grpc's default, every failed TLS
+    handshake writes an INFO line to stderr: an unreachable control plane, retried every 3 s,
+    is 20 lines a minute beside rls's own line, which says once a minute what to fix."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
 def env_with_prefix(prefix: str) -> dict[str, str]:
     """Every variable whose name starts with `prefix` (OTEL_EXPORTER_OTLP_*, REDIS_*: read
     whole by what translates them)."""

@@ -10,6 +10,11 @@ real deployment gets its resources from its control plane (Envoy Gateway, go-con
 
     CONFIG_TYPE=GRPC_XDS_SOTW CONFIG_GRPC_XDS_SERVER_URL=127.0.0.1:18000 rls serve
 
+Plaintext by default. `--tls-cert` / `--tls-key` serve TLS (rls then sets
+CONFIG_GRPC_XDS_SERVER_USE_TLS=true and trusts the certificate's CA); `--client-ca` also
+requires a client certificate signed by that CA (mTLS, as Envoy Gateway's controller does;
+rls presents CONFIG_GRPC_XDS_CLIENT_TLS_CERT / _KEY). docs/envoy-gateway.md walks through it.
+
 A file holds what the resource holds: `domain` and `descriptors` with `key`, `value`,
 `rate_limit` (`unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`), `shadow_mode`,
 `detailed_metric`, `quota_mode`, `metadata`. rls's YAML extensions (algorithm, burst,
@@ -146,20 +151,56 @@ def fingerprint(paths: list[str]) -> tuple[tuple[str, int, int], ...]:
                  for p in yaml_files(paths) for st in [os.stat(p)])
 
 
+def credentials(args: argparse.Namespace) -> grpc.ServerCredentials | None:
+    """TLS credentials from --tls-cert/--tls-key (and --client-ca: client certificates
+    required and verified); None for plaintext. An unreadable file exits naming the flag."""
+    if not args.tls_cert and not args.tls_key:
+        if args.client_ca:
+            raise SystemExit("xds_server.py: --client-ca needs --tls-cert and --tls-key")
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise SystemExit("xds_server.py: --tls-cert and --tls-key go together")
+    files: dict[str, bytes] = {}
+    for flag in ("tls_cert", "tls_key", "client_ca"):
+        path = getattr(args, flag)
+        if path:
+            try:
+                files[flag] = Path(path).read_bytes()
+            except OSError as exc:
+                raise SystemExit(f"xds_server.py: --{flag.replace('_', '-')} {path}: "
+                                 f"{exc.strerror or exc}") from None
+    ca = files.get("client_ca")
+    return grpc.ssl_server_credentials(
+        [(files["tls_key"], files["tls_cert"])], root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="descriptor YAML files or directories")
     parser.add_argument("--port", type=int, default=18000)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--tls-cert", help="serve TLS with this certificate (PEM chain)")
+    parser.add_argument("--tls-key", help="its private key (PEM)")
+    parser.add_argument("--client-ca", help="require client certificates signed by this CA "
+                        "(PEM): mTLS")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    tls = credentials(args)
     snapshots = Snapshots()
     snapshots.publish(load_resources(args.paths))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(snapshots, server)
-    server.add_insecure_port(f"{args.host}:{args.port}")
+    address = f"{args.host}:{args.port}"
+    if tls is None:
+        server.add_insecure_port(address)
+    else:
+        server.add_secure_port(address, tls)
     server.start()
-    log.info("serving ADS on %s:%d", args.host, args.port)
+    log.info("serving ADS on %s (%s)", address,
+             "plaintext" if tls is None else
+             f"mTLS, client certificates from {args.client_ca}" if args.client_ca else "TLS")
     seen: Any = fingerprint(args.paths)
     while True:
         time.sleep(1.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from rls.config.key_wildcards import tell_if_differs
 from rls.config.model import Domain, Node
 
 log = logging.getLogger("rls.match")
@@ -94,8 +95,10 @@ def _match(domain: Domain, entries: Sequence[tuple[str, str]]) -> list[Node] | N
                         break
             if node is None:
                 node = level.defaults.get(key)
-                if node is None:
-                    return None
+            if level.reference_wildcards:  # a `*` in a key here: the reference may differ
+                tell_if_differs(domain.name, entries, i, level, node)
+            if node is None:
+                return None
         path.append(node)
         if i == last:
             return path if node.limits else None

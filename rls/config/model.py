@@ -41,6 +41,9 @@ class Node:
     # Reference stats-key fragment of this level when matched the ordinary way.
     stats_part: str = ""
     pattern: re.Pattern[str] | None = None  # compiled `value` when it holds a `*` wildcard
+    # With a `*` in `key` (literal here): envoyproxy/ratelimit's pattern over `key_value`,
+    # kept to tell when the two decide differently (rls.config.key_wildcards).
+    key_pattern: re.Pattern[str] | None = None
 
 
 @dataclass(slots=True, eq=False, frozen=True)
@@ -54,6 +57,9 @@ class Level:
     wildcards: Mapping[str, tuple[tuple[re.Pattern[str], Node], ...]]
     defaults: Mapping[str, Node]
     ordered: tuple[Node, ...]
+    # Only when a node here has `*` in its key: every node envoyproxy/ratelimit tries as a
+    # wildcard, in config order (rls.config.key_wildcards); else empty.
+    reference_wildcards: tuple[Node, ...] = ()
 
     @classmethod
     def of(cls, nodes: Iterable[Node]) -> Level:
@@ -68,7 +74,11 @@ class Level:
             elif node.pattern is not None:
                 wildcards.setdefault(node.key, []).append((node.pattern, node))
         frozen_wildcards = {key: tuple(pairs) for key, pairs in wildcards.items()}
-        return cls(by_key, frozen_wildcards, defaults, ordered)
+        reference: tuple[Node, ...] = ()
+        if any(node.key_pattern is not None for node in ordered):
+            reference = tuple(n for n in ordered
+                              if n.key_pattern is not None or n.pattern is not None)
+        return cls(by_key, frozen_wildcards, defaults, ordered, reference)
 
 
 @dataclass(slots=True, eq=False, frozen=True)

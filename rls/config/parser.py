@@ -257,8 +257,6 @@ class DomainParser:
         value = as_str(self.file, raw.get("value"), "value")
         composite = f"{key}_{value}" if value else key
         path = f"{parent_path}.{composite}"
-        if "*" in key:
-            self._literal_star_in_key(raw, key, path)
         found = Problems()
         share = found.check(False, self._share_threshold, raw, value, composite)
         metadata = raw.get("metadata")
@@ -284,22 +282,7 @@ class DomainParser:
             metadata=metadata,
             stats_part=composite,
             pattern=wildcard_regex(value) if "*" in value else None,
-        )
-
-    def _literal_star_in_key(self, raw: dict[str, Any], key: str, path: str) -> None:
-        """Warn: the reference matches the joined `key_value` string against wildcard patterns,
-        so `key: foo*` matches request keys starting with `foo` there. Keys are matched
-        exactly here (injective keys), so such a node would silently stop matching; the file
-        still loads, as a drop-in must, and the warning says what to change."""
-        self.warnings.append(
-            ConfigWarning(
-                self.file,
-                f"'*' in key '{key}' is literal here: this node matches only the request key "
-                f"'{key}' (envoyproxy/ratelimit treats it as a wildcard over key_value); "
-                "put the wildcard in value:",
-                line_of(raw, "key"),
-                path,
-            )
+            key_pattern=wildcard_regex(composite) if "*" in key else None,
         )
 
     def _share_threshold(self, raw: dict[str, Any], value: str, composite: str) -> bool:

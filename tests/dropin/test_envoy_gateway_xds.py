@@ -209,6 +209,9 @@ def check_operators_view(rl: Ratelimit, prometheus: int, receiver: OtlpReceiver,
     assert {s.resource.get("service.instance.id") for s in spans} == {
         env["TRACING_SERVICE_INSTANCE_ID"]}
     assert ignored_lines(rl.log()) == [["PROMETHEUS_MAPPER_YAML"]], rl.log()
+    # the route key's `*` (a wildcard hostname) decides nothing differently from the
+    # reference: no word about it, on no push
+    assert "'*' in key" not in rl.log() and "envoyproxy/ratelimit decides" not in rl.log()
 
 
 def check_mtls_required(rl: Ratelimit, pki: EgCertificates) -> None:

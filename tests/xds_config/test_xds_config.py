@@ -158,6 +158,34 @@ def test_management_server_restart_keeps_the_config_and_reconnects(
         restarted.stop()
 
 
+def test_a_version_is_an_opaque_label_that_a_restarted_control_plane_may_start_again(
+    ads: AdsServer, xds_rls: Callable[..., Any]
+) -> None:
+    """Versions are the control plane's strings, compared for equality only: a restarted
+    server numbering from 1 again is a new set applied, shown as version "1" (one series),
+    and the gauge's help says the label is opaque."""
+    ads.set_snapshot("2", [basic()])
+    rls = xds_rls()
+    ads.wait_ack("2")
+    ads.stop()
+    restarted = AdsServer(port=ads.port)
+    restarted.set_snapshot("1", [basic(), reload_domain()])
+    restarted.start()
+    try:
+        restarted.wait_ack("1")
+        assert decide(rls.grpc_addr, "reload", ("block", "x")) == OVER_LIMIT  # the new set
+        assert metric(rls.http_url, "rls_xds_config_version_info", version="1") == 1
+        _, body = http_get(rls.http_url + "/metrics")
+        series = [line for line in body.decode().splitlines()
+                  if line.startswith("rls_xds_config_version_info{")]
+        assert series == ['rls_xds_config_version_info{version="1"} 1.0'], series
+        help_line = next(line for line in body.decode().splitlines()
+                         if line.startswith("# HELP rls_xds_config_version_info "))
+        assert "opaque" in help_line, help_line
+    finally:
+        restarted.stop()
+
+
 def test_without_force_start_nothing_listens_until_the_first_config(
     ads: AdsServer, xds_rls: Callable[..., Any]
 ) -> None:

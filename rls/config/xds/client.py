@@ -47,6 +47,7 @@ from rls.config.xds.convert import (
     build_config,
 )
 from rls.config.xds.options import Backoff, parse_pairs, stream_headers
+from rls.config.xds.problems import classify, explain, unreadable
 from rls.event_loop import cancel_and_wait
 from rls.settings import Settings
 
@@ -77,7 +78,9 @@ class XdsMetrics:
             registry=registry, multiprocess_mode="livemax",
         )
         self.version = Gauge(
-            "rls_xds_config_version_info", "The xDS version in force (1, label version)",
+            "rls_xds_config_version_info",
+            "The xDS version in force (label version; value always 1): the control plane's "
+            "opaque string, not a number, compared only for equality",
             ["version"], registry=registry, multiprocess_mode="livemax",
         )
         self.acks = Counter("rls_xds_acks", "xDS responses accepted (ACKed)", registry=registry)
@@ -111,6 +114,10 @@ def _digest(resources: Any) -> bytes:
     return digest.digest()
 
 
+class TlsFileError(Exception):
+    """A TLS file of the xDS client that cannot be read (its message names the setting)."""
+
+
 class XdsConfigSource:
     """Keeps the stream open for the life of the process and feeds `holder`."""
 
@@ -128,7 +135,11 @@ class XdsConfigSource:
         self.version = ""  # of the set in force ("" before the first)
         self.accepted_at: float | None = None
         self.last_nack: dict[str, object] | None = None
-        self.last_stream_error: str | None = None
+        # What ended the last stream ({error, at}) until a connection succeeds; then it moves
+        # to previous_stream_error (with cleared_at), so a healthy stream shows no error.
+        self.last_stream_error: dict[str, str | None] | None = None
+        self.previous_stream_error: dict[str, str | None] | None = None
+        self._problem = ""  # what the retry log repeats, without gRPC's variable words
         self.connected = False
         self._digest: bytes | None = None
         # The last set refused by its build and why: resent, it is NACKed at once, unlogged.
@@ -158,6 +169,7 @@ class XdsConfigSource:
             "accepted_at": _iso(self.accepted_at),
             "last_nack": self.last_nack,
             "last_stream_error": self.last_stream_error,
+            "previous_stream_error": self.previous_stream_error,
         }
 
     async def _run(self) -> None:
@@ -175,8 +187,8 @@ class XdsConfigSource:
                 reason, answered = await self._session()
             except Exception as exc:  # a client bug must not end config updates for good
                 reason, answered = "stream_lost", False
-                self.last_stream_error = one_line(f"unexpected {type(exc).__name__}: {exc}")
-                log.error("xDS: %s", self.last_stream_error)
+                self._failed(one_line(f"unexpected {type(exc).__name__}: {exc}"))
+                log.error("xDS: %s", self._problem)
             if answered:
                 backoff.reset()
             delay = connect.next() if reason == "connect_failed" else backoff.next()
@@ -186,14 +198,34 @@ class XdsConfigSource:
 
     def _log_retry(self, reason: str, delay: float) -> None:
         """One warning per new problem, repeated at most every RETRY_LOG_SECONDS while it
-        lasts (a server down for an hour is not 1,200 identical lines)."""
+        lasts (a server down for an hour is not 1,200 identical lines). A problem is its
+        explanation, not gRPC's words, which change from attempt to attempt (the address)."""
         now = time.monotonic()
-        problem = (reason, self.last_stream_error)
+        problem = (reason, self._problem)
         if problem == self._logged[0] and now - self._logged[1] < RETRY_LOG_SECONDS:
             return
         self._logged = (problem, now)
-        log.warning("xDS: %s (%s); keeping the config in force; retrying in %.1f s",
-                    reason.replace("_", " "), self.last_stream_error, delay)
+        error = (self.last_stream_error or {}).get("error") or self._problem
+        log.warning("xDS: %s: %s; %s; retrying in %.1f s (logged again in %d s if it lasts)",
+                    reason.replace("_", " "), error, self._in_force(), delay,
+                    RETRY_LOG_SECONDS)
+
+    def _in_force(self) -> str:
+        """What rls answers while the stream is down."""
+        if self.accepted_at is not None:
+            return f"keeping the config in force (version {self.version[:MAX_VERSION_CHARS]!r})"
+        if self.settings.force_start_without_initial_config:
+            return ("no config in force yet: every call is answered OK (no domain) until the "
+                    "first arrives")
+        return ("no config yet: rls opens its listeners once the first arrives "
+                "(FORCE_START_WITHOUT_INITIAL_CONFIG=true serves at once, every call OK)")
+
+    def _failed(self, problem: str, grpc_text: str = "") -> None:
+        """Record what ended a stream (or a connect): `problem` as rls explains it, gRPC's own
+        words after it when they add something."""
+        self._problem = problem
+        error = f"{problem} (gRPC: {grpc_text})" if grpc_text else problem
+        self.last_stream_error = {"error": error, "at": _iso(time.time())}
 
     # -- one stream ----------------------------------------------------------------------------
 
@@ -211,19 +243,30 @@ class XdsConfigSource:
         if settings.xds_server_tls_san:
             options.append(("grpc.ssl_target_name_override", settings.xds_server_tls_san))
         credentials = grpc.ssl_channel_credentials(
-            root_certificates=_read(settings.xds_server_tls_cacert),
-            private_key=_read(settings.xds_client_tls_key),
-            certificate_chain=_read(settings.xds_client_tls_cert),
+            root_certificates=self._read("xds_server_tls_cacert"),
+            private_key=self._read("xds_client_tls_key"),
+            certificate_chain=self._read("xds_client_tls_cert"),
         )
         return grpc.aio.secure_channel(settings.xds_server_url, credentials, options=options)
+
+    def _read(self, name: str) -> bytes | None:
+        """The PEM file of setting `name` (None when unset); TlsFileError naming the setting."""
+        path = getattr(self.settings, name)
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise TlsFileError(unreadable(self.settings, name, exc)) from None
 
     async def _session(self) -> tuple[str, bool]:
         """One stream until it ends: (why it ended, whether it delivered a response)."""
         answered = False
         try:
             channel = self._channel()  # reads the certificate files: rotated ones are used
-        except OSError as exc:
-            self.last_stream_error = f"cannot read TLS file {exc.filename}: {exc.strerror}"
+        except TlsFileError as exc:
+            self._failed(str(exc))
             return "connect_failed", False
         watcher: asyncio.Task[None] | None = None
         try:
@@ -234,15 +277,21 @@ class XdsConfigSource:
             while True:
                 response = await call.read()
                 if response is grpc.aio.EOF:
-                    self.last_stream_error = "the server ended the stream"
+                    self._failed("the server ended the stream")
                     return "stream_lost", answered
                 answered = True
                 await call.write(await self._handle(response))
         except grpc.aio.AioRpcError as exc:
-            self.last_stream_error = one_line(f"{exc.code().name}: {exc.details()}")
+            said = one_line(f"{exc.code().name}: {exc.details()}")
+            connecting = exc.code() == grpc.StatusCode.UNAVAILABLE and not self.connected
+            kind = classify(exc.details() or "") if connecting else None
+            if kind is None:
+                self._failed(said)
+            else:
+                self._failed(explain(self.settings, kind, exc.details() or ""), said)
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 return "response_too_large", answered
-            if exc.code() == grpc.StatusCode.UNAVAILABLE and not self.connected:
+            if connecting:
                 return "connect_failed", answered
             return "stream_lost", answered
         finally:
@@ -254,6 +303,10 @@ class XdsConfigSource:
     async def _watch_ready(self, channel: grpc.aio.Channel) -> None:
         await channel.channel_ready()
         self._set_connected(True)
+        if self.last_stream_error is not None:  # resolved: kept, dated, as the previous one
+            cleared = {"cleared_at": _iso(time.time())}
+            self.previous_stream_error = {**self.last_stream_error, **cleared}
+            self.last_stream_error = None
         log.info("xDS: connected to %s", self.settings.xds_server_url)
 
     def _set_connected(self, connected: bool) -> None:
@@ -383,13 +436,6 @@ def _without_collector(build: Callable[[], RateLimitConfig]) -> RateLimitConfig:
         sys.setswitchinterval(switch)
         if enabled:
             gc.enable()
-
-
-def _read(path: str) -> bytes | None:
-    if not path:
-        return None
-    with open(path, "rb") as fh:
-        return fh.read()
 
 
 def _iso(when: float | None) -> str | None:
