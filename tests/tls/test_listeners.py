@@ -155,8 +155,9 @@ def test_rls_with_tls_writes_to_the_stderr_it_was_given_and_drains_on_sigterm(
     rls_factory: Callable[..., Any], pki: Pki
 ) -> None:
     """Nothing stands between rls and its stderr (no pipe, no thread): a crash's last words,
-    grpc-core's own lines and every log line reach the file rls was started with."""
-    rls = rls_factory(EXAMPLE, args=pki.server_args(san=False))
+    grpc-core's own lines (asked for with GRPC_VERBOSITY=INFO: rls sets ERROR when it is unset)
+    and every log line reach the file rls was started with."""
+    rls = rls_factory(EXAMPLE, args=pki.server_args(san=False), env={"GRPC_VERBOSITY": "INFO"})
     with channel(rls.grpc_addr, None) as ch:
         assert not connects(ch, timeout=1.0)  # grpc-core logs the failed handshake
     assert os.path.samefile(f"/proc/{rls.proc.pid}/fd/2", rls.log_path)
