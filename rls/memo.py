@@ -25,7 +25,7 @@ MATCH_MEMO_BYTES = 16 << 20
 PARSE_MEMO_ENTRIES = 4096
 PARSE_MEMO_BYTES = 16 << 20
 
-# Gauge children by memo name, set by rls.metrics.Metrics (the most recent one wins).
+# Gauge children by memo name, set by rls.observability.metrics.Metrics (the most recent one wins).
 _GAUGES: dict[str, tuple[Any, Any]] = {}
 
 STR_OVERHEAD = sys.getsizeof("")  # CPython str header (ASCII)

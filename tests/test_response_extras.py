@@ -10,7 +10,7 @@ from google.protobuf.json_format import MessageToDict
 
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
@@ -117,12 +117,13 @@ async def test_dynamic_metadata_leaves_out_descriptors_that_are_over() -> None:
 def test_reference_environment_names_enable_extras(
     flag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rls.cli import _parser, _settings_from
+    from rls.cli.main import parser
+    from rls.cli.serve import settings_from
 
     env = {"response_headers": "LIMIT_RESPONSE_HEADERS_ENABLED",
            "dynamic_metadata": "RESPONSE_DYNAMIC_METADATA"}[flag]
     monkeypatch.setenv(env, "true")
-    settings = _settings_from(_parser().parse_args(["serve"]))
+    settings = settings_from(parser().parse_args(["serve"]))
     assert getattr(settings, flag) is True
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rls.settings import admin_token as admin_token  # the listener's token (server.py)
+from rls.settings.environment import admin_token
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -35,9 +35,9 @@ from rls.engine.over_limit_cache import OverLimitCache
 from rls.engine.rules import COUNTED, UNLIMITED, domain_shadowed, fails_open, limit_role
 from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.engine.unknown_domains import UnknownDomains
-from rls.logging_setup import LogGate
 from rls.memo import MATCH_MEMO_BYTES, MATCH_MEMO_ENTRIES, BoundedCache
-from rls.metrics import Metrics
+from rls.observability.logs import LogGate
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.base import Backend, BackendError, StoreDown
 from rls.stores.deadline import OVERLOADED, Deadline, LoopLag
@@ -51,7 +51,8 @@ StoreCall = Callable[
     Awaitable[tuple[list[Outcome] | None, str]],
 ]
 
-# The decision values are defined in rls.engine.decision and re-exported here for callers.
+# The limiter's interface: RateLimiter with the values it takes and returns (defined in
+# rls.engine.decision, which the limiter's own parts import without importing the limiter).
 __all__ = [
     "OK", "OVER_LIMIT", "UNLIMITED_REMAINING", "Decision", "DescriptorIn", "InvalidRequest",
     "NoConfigLoaded", "Overloaded", "RateLimiter", "Status", "StoreCall",

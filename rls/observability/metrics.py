@@ -24,12 +24,13 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
     generate_latest,
+    multiprocess,
 )
 
 from rls import __version__
 from rls.core.limits import Limit
 from rls.memo import publish_to
-from rls.settings import metrics_multiprocess
+from rls.settings.environment import metrics_multiprocess
 
 # Label values of the failure counters, each a closed set: their series are created at 0 up
 # front (`prepare_domains` for the per-domain ones), so rate() counts the first burst of
@@ -92,7 +93,8 @@ class Metrics:
         self._requests: dict[tuple[str, str], Pending] = {}
         self.near_ratio = near_ratio
         # Collectors read at scrape time under --workers, besides the workers' files (the
-        # supervisor's worker slots: rls.workers.WorkersCollector, registered by the server).
+        # supervisor's worker slots: rls.process.workers.WorkersCollector, registered by the
+        # server).
         self.process_collectors: list[Any] = []
         # One builder per area. /metrics shows the families in the order they register here:
         # add new ones at the end of their area, do not reorder (docs/metrics.md lists each).
@@ -361,8 +363,6 @@ class Metrics:
         """Prometheus text for /metrics: summed over all workers in multiprocess mode."""
         self.flush()
         if metrics_multiprocess():
-            from prometheus_client import multiprocess
-
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
             for collector in self.process_collectors:

@@ -50,7 +50,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rls.settings import (
+from prometheus_client import multiprocess
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from rls.grpc_access.tls_refusals import restore_stderr
+from rls.settings.environment import (
     DRAIN_BUDGET_ENV,
     MULTIPROC_DIR_ENV,
     SHARED_DIR_ENV,
@@ -348,8 +352,6 @@ class WorkersCollector:
     """/metrics families of the supervisor's slots (read from its status file)."""
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         status = read_status()
         up = GaugeMetricFamily(
             "rls_worker_up", "1 while the worker slot has a running process", labels=["worker"]
@@ -380,8 +382,6 @@ def watch_supervisor() -> threading.Thread | None:
     budget = worker_drain_budget(DEFAULT_DRAIN_BUDGET)
 
     def watch() -> None:
-        from rls.tls_refusals import restore_stderr  # a worker: grpc is loaded already
-
         try:
             while os.read(fd, 1):  # nobody writes: returns b"" once the supervisor is gone
                 pass
@@ -400,8 +400,6 @@ def watch_supervisor() -> threading.Thread | None:
 
 
 def _mark_dead(pid: int) -> None:
-    from prometheus_client import multiprocess
-
     try:
         multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
     except Exception:

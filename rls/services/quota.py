@@ -40,7 +40,8 @@ from rls.quota.outbox import OutboxPool
 from rls.quota.share import Dealer
 from rls.quota.stream import AbortStatus, QuotaStream
 from rls.quota.tasks import Background
-from rls.settings import Settings, quota_unmatched
+from rls.settings import Settings
+from rls.settings.environment import quota_unmatched
 from rls.stores.base import Backend
 
 log = logging.getLogger("rls.quota")

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from support.certs import Issued
 
-from rls.tls_refusals import handshake_reason
+from rls.grpc_access.tls_refusals import handshake_reason
 
 from .helpers import (
     EXAMPLE,
@@ -179,7 +179,7 @@ def test_rls_with_tls_drains_on_sigterm_and_its_last_log_lines_still_reach_stder
 
 FAILING_COUNTER = """
 import os
-from rls.tls_refusals import HandshakeLog
+from rls.grpc_access.tls_refusals import HandshakeLog
 
 class Broken:  # a counter that fails, as a multiprocess metrics file on a full disk does
     def labels(self, reason):
@@ -214,8 +214,8 @@ def test_tls_on_with_grpc_logging_quieted_says_at_start_that_handshakes_are_not_
     INFO the counts stay 0, which must not pass for "nobody was refused"."""
     from prometheus_client import CollectorRegistry
 
+    from rls.grpc_access.tls import start_tls
     from rls.settings import Settings
-    from rls.tls import start_tls
 
     monkeypatch.setenv("GRPC_VERBOSITY", verbosity)
     settings = Settings(grpc_tls=True, grpc_tls_cert=str(pki.server.cert),
@@ -230,8 +230,8 @@ def test_tls_on_with_grpc_logging_quieted_says_at_start_that_handshakes_are_not_
 FORCED_EXIT = """
 import logging, sys
 from prometheus_client import CollectorRegistry, Counter
-from rls.tls_refusals import HandshakeLog
-from rls.server import _shutdown_overran
+from rls.grpc_access.tls_refusals import HandshakeLog
+from rls.process.server import _shutdown_overran
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)
 HandshakeLog(Counter("c", "c", ["reason"], registry=CollectorRegistry())).install()
 _shutdown_overran()
