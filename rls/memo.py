@@ -1,5 +1,5 @@
-"""One bounded cache type for every memo on the request path (DESIGN §10: memory bounded in
-bytes, with a metric for its size).
+"""One bounded cache type for every memo on the request path: memory bounded in bytes, with a
+metric for its size (docs/reliability.md, "Memory").
 
 A memo keyed by request data grows with what clients send: counted in entries only, 4,096
 remembered 64 KB requests held the process at 865 MB. BoundedCache bounds both the entry count

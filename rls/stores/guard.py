@@ -1,14 +1,22 @@
-"""The one way a store call runs: under a `Deadline`, judged by the store's `CircuitBreaker`.
+"""How a store call is guarded: under a `Deadline`, judged by the store's `CircuitBreaker`.
 
-Every store user goes through here: the limiter and the quota dealer (`decide_within`), the
-Redis store's redis-py paths, the frequency counters and the response cache (`StoreGuard.run`).
-So a breaker opens on the same evidence everywhere, a caller's deadline bounds every call, and
-a failure is one error type (`BackendError`; `StoreDown` while the breaker is open).
+Through both, deadline and breaker: every decision, the limiter's and the quota dealer's
+(`decide_within`), and the Redis store's script calls, the frequency counters and the response
+cache (`StoreGuard.run`). For those a breaker opens on the same evidence everywhere, a caller's
+deadline bounds every call, and a failure is one error type (`BackendError`; `StoreDown` while
+the breaker is open).
+
+Not through the breaker: `Backend.peek` (uncharged reads: the statuses of the other descriptors
+of a request the over-limit cache rejected, counter queries) and `record_usage` (the usage of a
+request that matched no limit), which the limiter bounds with `within` alone, and
+`usage_value` (the admin API's usage reads), which has neither: Redis's socket timeout bounds
+it. Their failures are `BackendError`s too, but they are no evidence for the breaker, and an
+open breaker does not stop them.
 
 `within` stops *waiting* at expiry instead of waiting for the cancelled call to unwind: redis-py
 may still await after a cancellation (a cluster client closing its nodes' connections after a
 failed slot-map refresh, a back-off sleep, a shielded refresh of the map), and none of that may
-hold the caller past its deadline (issue 33). The call is cancelled and finishes on its own.
+hold the caller past its deadline. The call is cancelled and finishes on its own.
 """
 
 from __future__ import annotations
