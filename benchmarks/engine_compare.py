@@ -68,7 +68,7 @@ USERS = [f"user{i}" for i in range(1000)]
 async def make_rls(url: str, algorithm: str) -> Impl:
     from rls.config.loader import load_files
     from rls.engine.limiter import OK, DescriptorIn, RateLimiter
-    from rls.metrics import Metrics
+    from rls.observability.metrics import Metrics
     from rls.settings import Settings
     from rls.stores.redis import RedisBackend
 

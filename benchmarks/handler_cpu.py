@@ -64,7 +64,7 @@ class Context:
 
 
 def build(store_url: str | None, config_dir: Path) -> Any:
-    from rls.assembly import build_app
+    from rls.process.server import build_app
     from rls.settings import Settings
 
     settings = Settings(config=[str(config_dir)], redis_url=store_url or "")

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from rls.config.loader import load_files
 from rls.engine.top import TopTalkers
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.services.quota import QuotaService, QuotaStream
 from rls.settings import Settings
 from rls.stores.base import Backend

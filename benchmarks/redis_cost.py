@@ -90,7 +90,7 @@ def breakdown(inside: dict[str, float]) -> str:
 async def rls_costs(url: str, client: Any, algorithm: str, n: int) -> list[dict[str, Any]]:
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
-    from rls.metrics import Metrics
+    from rls.observability.metrics import Metrics
     from rls.settings import Settings
     from rls.stores.redis import RedisBackend
 
@@ -145,7 +145,7 @@ async def rls_costs(url: str, client: Any, algorithm: str, n: int) -> list[dict[
 async def rls_bytes(url: str, client: Any, algorithm: str) -> dict[str, Any]:
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
-    from rls.metrics import Metrics
+    from rls.observability.metrics import Metrics
     from rls.settings import Settings
     from rls.stores.redis import RedisBackend
 
@@ -179,7 +179,7 @@ async def log_scaling(url: str, client: Any, algorithm: str, sizes: tuple[int, .
     """
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
-    from rls.metrics import Metrics
+    from rls.observability.metrics import Metrics
     from rls.settings import Settings
     from rls.stores.redis import RedisBackend
 
@@ -304,7 +304,7 @@ async def target_costs(url: str, client: Any, n: int, rounds: int) -> list[dict[
 
     from rls.config.loader import load_files
     from rls.engine.limiter import DescriptorIn, RateLimiter
-    from rls.metrics import Metrics
+    from rls.observability.metrics import Metrics
     from rls.settings import Settings
     from rls.stores.redis import RedisBackend
 

@@ -24,9 +24,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from rls.cli.replay import _parser, run  # noqa: E402
 from rls.engine.decision import DescriptorIn  # noqa: E402
 from rls.engine.decision_log import line  # noqa: E402
-from rls.replay.cli import _parser, run  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = """\

@@ -1,3 +1,3 @@
-from rls.entry import main
+from rls.cli.entry import main
 
 raise SystemExit(main())

@@ -1,5 +1,5 @@
-"""One bounded cache type for every memo on the request path (DESIGN §10: memory bounded in
-bytes, with a metric for its size).
+"""One bounded cache type for every memo on the request path: memory bounded in bytes, with a
+metric for its size (docs/reliability.md, "Memory").
 
 A memo keyed by request data grows with what clients send: counted in entries only, 4,096
 remembered 64 KB requests held the process at 865 MB. BoundedCache bounds both the entry count
@@ -30,7 +30,7 @@ PLAN_ENTRIES = PARSE_MEMO_ENTRIES
 PLAN_BYTES = 8 << 20
 PLAN_CHECK_BYTES = 160  # a planned Check (its limit and key are the match memo's)
 
-# Gauge children by memo name, set by rls.metrics.Metrics (the most recent one wins).
+# Gauge children by memo name, set by rls.observability.metrics.Metrics (the most recent one wins).
 _GAUGES: dict[str, tuple[Any, Any]] = {}
 
 STR_OVERHEAD = sys.getsizeof("")  # CPython str header (ASCII)

@@ -18,7 +18,7 @@ from rls.config.loader import load_files
 from rls.config.model import RateLimitConfig
 from rls.config.xds.convert import build_config
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
 

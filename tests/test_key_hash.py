@@ -22,7 +22,7 @@ from rls.config.errors import ConfigError
 from rls.config.loader import load_files
 from rls.core.keys import counter_key
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.redis import RedisBackend
 

@@ -17,7 +17,7 @@ from rls.engine.limiter import (
     InvalidRequest,
     RateLimiter,
 )
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
 

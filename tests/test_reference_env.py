@@ -11,8 +11,8 @@ import pytest
 from conftest import RlsProcess
 from support.waiting import wait_until
 
-from rls.reference_env import REFERENCE_VARIABLES, honoured
-from rls.reference_help import read_by_serve, serve_ignored, serve_note
+from rls.cli.reference_help import read_by_serve, serve_ignored, serve_note
+from rls.settings.reference_env import REFERENCE_VARIABLES, honoured
 from rls.stores.redis.urls import normalize_redis_url
 
 
@@ -44,11 +44,12 @@ def test_sentinel_without_hosts_and_unknown_type_are_clear_errors() -> None:
 
 
 def test_serve_reads_reference_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rls.cli import _parser, _settings_from
+    from rls.cli.main import parser
+    from rls.cli.serve import settings_from
 
     monkeypatch.setenv("REDIS_URL", "localhost:6379")
     monkeypatch.setenv("REDIS_SOCKET_TYPE", "tcp")
-    settings = _settings_from(_parser().parse_args(["serve"]))
+    settings = settings_from(parser().parse_args(["serve"]))
     assert settings.redis_url == "redis://localhost:6379"
 
 

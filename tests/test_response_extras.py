@@ -10,11 +10,11 @@ from google.protobuf.json_format import MessageToDict
 
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
-from rls.metrics import Metrics
-from rls.reference_env import ignored
+from rls.observability.metrics import Metrics
 from rls.services import ratelimit as ratelimit_module
 from rls.services.ratelimit import RateLimitService
 from rls.settings import Settings
+from rls.settings.reference_env import ignored
 from rls.stores.memory import MemoryBackend
 
 CONFIG = """
@@ -119,12 +119,13 @@ async def test_dynamic_metadata_leaves_out_descriptors_that_are_over() -> None:
 def test_reference_environment_names_enable_extras(
     flag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rls.cli import _parser, _settings_from
+    from rls.cli.main import parser
+    from rls.cli.serve import settings_from
 
     env = {"response_headers": "LIMIT_RESPONSE_HEADERS_ENABLED",
            "dynamic_metadata": "RESPONSE_DYNAMIC_METADATA"}[flag]
     monkeypatch.setenv(env, "true")
-    settings = _settings_from(_parser().parse_args(["serve"]))
+    settings = settings_from(parser().parse_args(["serve"]))
     assert getattr(settings, flag) is True
 
 
@@ -133,7 +134,8 @@ async def test_header_names_come_from_the_reference_variables(
 ) -> None:
     """LIMIT_LIMIT_HEADER / LIMIT_REMAINING_HEADER / LIMIT_RESET_HEADER rename the three
     headers as the reference does; rls's own RateLimit-Policy keeps its name."""
-    from rls.cli import _parser, _settings_from
+    from rls.cli.main import parser as _parser
+    from rls.cli.serve import settings_from as _settings_from
 
     names = {"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_LIMIT_HEADER": "X-RateLimit-Limit",
              "LIMIT_REMAINING_HEADER": "X-RateLimit-Remaining",
@@ -157,7 +159,8 @@ async def test_header_names_come_from_the_reference_variables(
 def test_a_header_name_envoy_would_refuse_is_a_located_error(
     value: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rls.cli import _parser, _settings_from
+    from rls.cli.main import parser as _parser
+    from rls.cli.serve import settings_from as _settings_from
 
     monkeypatch.setenv("LIMIT_RESET_HEADER", value)
     with pytest.raises(ValueError, match=r"^LIMIT_RESET_HEADER: .* is not an HTTP header name"):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
 from rls.engine.top import CAPACITY, MAX_TEXT, NEAR, OVER, SpaceSaving, TopTalkers, merge_top
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
 

@@ -20,9 +20,8 @@ from rls.admin.usage import add_usage_routes
 from rls.config.model import Limit, RateLimitConfig
 from rls.core.limits import WINDOW_ALIGNED, WINDOW_ROLLING
 from rls.engine.limiter import InvalidRequest
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.services.ratelimit import RateLimitService
-from rls.workers import worker_problem
 
 
 class AdminState:
@@ -43,6 +42,9 @@ class AdminState:
         self.require_domain = False
         # Where the config comes from, for /rlconfig?format=json (the xDS client's status)
         self.config_source: Callable[[], dict[str, object]] | None = None
+        # --workers: why a sibling worker slot fails /healthcheck (the server sets the
+        # supervisor's report; a single process has no siblings)
+        self.worker_problem: Callable[[], str | None] = lambda: None
 
 
 # aiohttp server options of the admin listener (web.AppRunner keyword arguments): idle
@@ -79,7 +81,7 @@ async def healthcheck(request: web.Request) -> web.Response:
         return web.Response(status=500, text="no domain loaded\n")
     if not state.store_ready:
         return web.Response(status=500, text="store not ready\n")
-    problem = worker_problem()  # --workers: a sibling worker down or crash-looping
+    problem = state.worker_problem()  # --workers: a sibling worker down or crash-looping
     if problem is not None:
         return web.Response(status=503, text=problem + "\n")
     return web.Response(text="OK")

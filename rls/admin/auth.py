@@ -1,4 +1,4 @@
-"""What the admin listener lets in (DESIGN §8, docs/admin.md "Access").
+"""What the admin listener lets in (docs/admin.md, "Access").
 
 - A bearer token (`RLS_ADMIN_TOKEN`) guards every request that charges or changes state:
   every method but GET/HEAD/OPTIONS (except the read-only queries `POST /counters`,
@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rls.settings import admin_token as admin_token  # the listener's token (server.py)
+from rls.settings.environment import admin_token
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

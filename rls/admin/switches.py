@@ -17,7 +17,8 @@ from typing import Any
 from aiohttp import web
 
 from rls.admin.auth import BadBody, read_json, requires_token
-from rls.settings import Settings, shared_dir
+from rls.settings import Settings
+from rls.settings.environment import shared_dir
 
 log = logging.getLogger("rls.admin")
 

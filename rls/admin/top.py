@@ -25,7 +25,7 @@ from aiohttp import web
 
 from rls.admin.auth import requires_token
 from rls.engine.top import WINDOWS, TopTalkers, merge_candidates, merge_top
-from rls.settings import shared_dir
+from rls.settings.environment import shared_dir
 
 # A worker writes its file every second; one untouched for longer belongs to a dead worker
 # (the supervisor restarts it under a new pid) and must not be counted twice.

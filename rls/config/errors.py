@@ -5,7 +5,8 @@ text). Where the problem is — the line in the file, the descriptor node path
 (`domain.key_value.key`) and a "did you mean" for a misspelled key — travels alongside and is
 shown by `detail()`, which check-config, reload logs and startup print.
 
-A load reports every independent problem of a file at once (issue 33): one ConfigError then
+A load reports every independent problem of a file at once (one fix-and-retry per file, not
+per problem): one ConfigError then
 carries them all in `problems`, in file and line order, and its own fields (`file`, `message`,
 `line`, `node`, `hint`) are the first problem's, so a caller that knows of one error only still
 reads a complete, located one. `Problems` gathers them while a file is parsed.

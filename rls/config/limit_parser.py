@@ -1,8 +1,8 @@
 """One descriptor node's `rate_limit:` / `rate_limits:` specs into Limits.
 
 Apart from the descriptor-tree parser (`rls/config/parser.py`) because a limit spec is a small
-language of its own: units and the reference's `unlimited` / `replaces` rules, then the
-DESIGN §5 extensions (algorithms, unit multipliers, burst, overdraft, calendars, windows,
+language of its own: units and the reference's `unlimited` / `replaces` rules, then rls's
+extensions (algorithms, unit multipliers, burst, overdraft, calendars, windows,
 charging) and which combinations of them mean something. The tree parser only says where a
 spec sits. Messages, the order in which they are checked and the field they point at are the
 reference's (or pinned by tests), so each step below keeps its place in `limit`.
@@ -369,7 +369,7 @@ class LimitParser:
         unit: Unit | None,
         unlimited: bool,
     ) -> None:
-        """Combinations of DESIGN §5 extensions that have no meaning are errors, not no-ops."""
+        """Combinations of extensions that have no meaning are errors, not no-ops."""
         if unlimited:
             return
         if burst is not None and algorithm not in BURST_ALGORITHMS:

@@ -3,7 +3,8 @@
 A load is all-or-nothing: the first error aborts it and the caller keeps the previous config
 (the reference does the same); at start-up `rls serve` exits 1 with that error.
 
-Everything here may be handed a hostile directory, so it is bounded (DESIGN §10, LoadBudget):
+Everything here may be handed a hostile directory, so it is bounded (LoadBudget;
+docs/reliability.md, "Hostile config directories"):
 only regular files are opened (FIFOs, sockets and devices are skipped with a warning, never
 opened: opening a FIFO blocks until a writer comes), symlink loops and directory links back to
 a directory already walked are skipped (no endless walk, no file loaded twice), a file over
@@ -29,7 +30,7 @@ from rls.config.parser import DomainParser, check_keys
 from rls.config.usage_stats import parse_usage_stats
 from rls.config.yaml_source import YamlBudget, as_str, line_of, parse_yaml
 from rls.core.keys import key_hash_problem
-from rls.setting_rules import FAILURE_MODES
+from rls.settings.model import FAILURE_MODES
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
 MAX_FILE_BYTES = 1 << 20

@@ -1,9 +1,10 @@
 """Parse and validate one descriptor YAML document, with the reference service's conditions.
 
-Validation mirrors envoyproxy/ratelimit (see reference/ratelimit-compat.md §1.3): a flat key
+Validation mirrors envoyproxy/ratelimit's loader, condition by condition: a flat key
 whitelist checked at any depth (metadata excepted), then typed checks. Messages are the
 reference's so that operators grepping for them find the same text. Each node's rate limit
-specs (with the extensions of DESIGN §5) are parsed by rls/config/limit_parser.py.
+specs (with rls's extensions: algorithms, multipliers, burst…) are parsed by
+rls/config/limit_parser.py.
 """
 
 from __future__ import annotations

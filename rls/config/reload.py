@@ -29,11 +29,13 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import watchfiles
+
 from rls.config.errors import ConfigError
 from rls.config.loader import LoadBudget, config_files, load_paths
 from rls.config.model import RateLimitConfig
 from rls.event_loop import cancel_and_wait
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 
 log = logging.getLogger("rls.config")
 
@@ -146,8 +148,6 @@ def _watch_until_stopped(
 ) -> str:
     """Call `wake` on every batch of changes under `roots` (watchfiles' inotify watch) until
     `stop` is set or the watcher fails; why it ended, in one line."""
-    import watchfiles
-
     settled = False
     try:
         for changes in watchfiles.watch(

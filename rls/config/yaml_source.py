@@ -122,7 +122,8 @@ _Loader.add_implicit_resolver(
 
 @dataclass(frozen=True, slots=True)
 class YamlBudget:
-    """What one YAML document may cost before it is rejected (DESIGN §10).
+    """What one YAML document may cost before it is rejected (docs/reliability.md, "Hostile
+    config directories").
 
     `max_nodes` counts the tree as the parser will walk it, aliases expanded: ten aliases of
     an anchor holding ten aliases… ("billion laughs") compose into a few hundred nodes but

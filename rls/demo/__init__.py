@@ -27,12 +27,12 @@ Modules, in start-up order (each imports only those above it):
     startup       start(): the steps from ports to a rate-limited answer
     banner        what the interactive demo prints
     smoke         the --smoke checks
-    cli           the flags and main()
+
+Its command line, `rls demo`, is rls.cli.demo.
 """
 
 from rls.demo.backend import start_backend
 from rls.demo.banner import banner, quota_banner
-from rls.demo.cli import main
 from rls.demo.client import Reply, request, wait_for
 from rls.demo.descriptors import QUOTA_DESCRIPTORS, QUOTA_LIMIT, descriptor_files
 from rls.demo.envoy_config import (
@@ -61,6 +61,6 @@ __all__ = [
     "QUOTA_DESCRIPTORS", "QUOTA_LIMIT", "READY_CLIENT", "READY_PATH",
     "Child", "Demo", "DemoError", "Reply",
     "api_keys", "backend_ports", "banner", "descriptor_files", "find_envoy", "free_port",
-    "main", "port_is_free", "quota_banner", "quota_smoke", "request", "rewrite_ports",
+    "port_is_free", "quota_banner", "quota_smoke", "request", "rewrite_ports",
     "smoke", "socket_addresses", "spawn", "start", "start_backend", "wait_for",
 ]

@@ -31,7 +31,7 @@ from rls.demo.errors import DemoError
 from rls.demo.paths import default_envoy_config
 from rls.demo.ports import choose_ports
 from rls.demo.processes import Child, Demo, spawn
-from rls.settings import process_env
+from rls.settings.environment import process_env
 
 READY_PATH = "/__demo_ready"  # own counters: the readiness probe never eats a demo quota
 READY_CLIENT = "__demo_ready"  # quota mode: its own bucket and counter

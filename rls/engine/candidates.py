@@ -16,7 +16,7 @@ from rls.core.model import NEGATIVE, Check, Outcome, candidate_flags
 from rls.engine.calendar import CalendarCache
 from rls.engine.decision import DescriptorIn
 from rls.engine.top import NEAR, OVER, TopTalkers
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 
 
 def with_candidates(

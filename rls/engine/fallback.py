@@ -12,7 +12,7 @@ from dataclasses import replace
 from rls.config.model import Limit
 from rls.core.model import Check, Outcome
 from rls.engine.checks import merge_same_counter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.stores.memory import MemoryBackend
 
 

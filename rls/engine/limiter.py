@@ -37,7 +37,6 @@ from rls.engine.over_limit_cache import OverLimitCache
 from rls.engine.rules import COUNTED, UNLIMITED, domain_shadowed, failure_mode, limit_role
 from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.engine.unknown_domains import UnknownDomains
-from rls.logging_setup import LogGate
 from rls.memo import (
     MATCH_MEMO_BYTES,
     MATCH_MEMO_ENTRIES,
@@ -46,7 +45,8 @@ from rls.memo import (
     PLAN_ENTRIES,
     BoundedCache,
 )
-from rls.metrics import Metrics
+from rls.observability.logs import LogGate
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.base import Backend, BackendError
 from rls.stores.calls import Decide, StoreCalls
@@ -57,7 +57,8 @@ log = logging.getLogger("rls.limiter")
 # (checks, now_ms, usage, usage_ttl_ms, budget_s) -> outcomes, or None and why (tracing wraps it)
 StoreCall = Decide
 
-# The decision values are defined in rls.engine.decision and re-exported here for callers.
+# The limiter's interface: RateLimiter with the values it takes and returns (defined in
+# rls.engine.decision, which the limiter's own parts import without importing the limiter).
 __all__ = [
     "OK", "OVER_LIMIT", "UNLIMITED_REMAINING", "Decision", "DescriptorIn", "InvalidRequest",
     "NoConfigLoaded", "Overloaded", "RateLimiter", "Status", "StoreCall", "StoreFailed",

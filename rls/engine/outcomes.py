@@ -6,7 +6,7 @@ from __future__ import annotations
 from rls.config.model import UNIT_SECONDS, Limit, Unit
 from rls.core.model import NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.engine.decision import OK, OVER_LIMIT, DescriptorIn, InvalidRequest, Status
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 
 MAX_OVERRIDE_SHAPES = 1024
 _UNITS = frozenset(int(u) for u in Unit)

@@ -13,7 +13,7 @@ import time
 
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check, Outcome
 from rls.engine.decision import OVER_LIMIT, Status
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 
 MAX_KEYS = 100_000
 _NOT_CACHEABLE = SHADOW | QUOTA | NEGATIVE | CHARGE_ALWAYS

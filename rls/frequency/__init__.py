@@ -1,4 +1,4 @@
-"""Frequency counters as a service (DESIGN.md §13): Add / Get with per-call windows.
+"""Frequency counters as a service (docs/counters.md): Add / Get with per-call windows.
 
 model   — items, validation, windows, key layout, per-domain options
 stores  — the memory and Redis stores (one script call per batch on Redis)

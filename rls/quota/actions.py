@@ -1,6 +1,6 @@
 """The answers of an RLQS stream: bucket actions, and the messages that carry them.
 
-Facts about Envoy 1.40 these follow (reference/rlqs.md of the design notes): TTLs and fill
+Facts about Envoy 1.40 these follow (measured against it; docs/quota-mode.md): TTLs and fill
 intervals are whole seconds (below 1 s: expired at once / unlimited); an identical token
 bucket keeps its remaining tokens, a changed one carries the old fill ratio over unless a
 blanket rule comes first.

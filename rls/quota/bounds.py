@@ -1,6 +1,6 @@
 """The bounds of quota mode: what one RLQS stream and all of them together may hold.
 
-Each is read from an `RLS_QUOTA_*` environment variable (through rls.settings; defaults
+Each is read from an `RLS_QUOTA_*` environment variable (through rls.settings.environment; defaults
 below; docs/quota-mode.md lists them). A value that is not a positive number stops rls at
 start with the variable named.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from rls.settings import quota_bound_texts
+from rls.settings.environment import quota_bound_texts
 
 MIB = 1 << 20
 SLICE_BUCKETS = 32  # buckets dealt or given back at once (one pipelined Redis round trip)
@@ -41,7 +41,8 @@ class QuotaBounds:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> QuotaBounds:
-        """The bounds with each RLS_QUOTA_<FIELD> set (read by rls.settings) in force."""
+        """The bounds with each RLS_QUOTA_<FIELD> set (read by rls.settings.environment) in
+        force."""
         defaults = {f.name: f.default for f in fields(cls)}
         values: dict[str, float | int] = {}
         for field_name, (name, text) in quota_bound_texts(defaults, environ).items():

@@ -90,7 +90,7 @@ class Responder:
             return
         if grant.tokens > 0:
             # A blanket rule first: Envoy then starts the token bucket full instead of carrying
-            # the old bucket's fill ratio over (reference/rlqs.md).
+            # the old bucket's fill ratio over (rls.quota.actions).
             bucket_id = bucket.bucket_id
             answer.add(blanket(bucket_id, DENY_ALL, TOKENS_TTL_S),
                        tokens(bucket_id, grant.tokens))

@@ -16,7 +16,7 @@ from typing import Any
 
 from rls.config.model import Limit
 from rls.engine.top import OVER, TopTalkers, descriptor_text
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 
 MAX_ROWS = 10_000  # (candidate, descriptor) rows kept; the rest go to one OTHER row
 OTHER = "(other descriptors)"

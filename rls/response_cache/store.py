@@ -10,8 +10,9 @@ deadline) finds it answering again.
 
 URL schemes: `redis://`, `rediss://`, `unix://` (redis-py, RESP3 as it likes; GET, SET PX,
 PEXPIRE), `ssdb://[:password@]host:port` (same client restricted to GET, SETEX, EXPIRE over
-RESP2, no HELLO, no CLIENT SETINFO, no SELECT: see reference/ssdb.md), `memory://` (one
-process, an LRU bounded in bytes; for tests, demos and single-process use).
+RESP2, no HELLO, no CLIENT SETINFO, no SELECT: SSDB 1.9.8 refuses those, and takes `SET … PX`
+but ignores its expiry), `memory://` (one process, an LRU bounded in bytes; for tests, demos and
+single-process use).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why a writer rather than a task per write: Envoy ends the ext_proc stream as soon as it has the
 last reply, and grpc.aio then cancels the handler. Work the handler would start *after* writing
-that reply never starts (issue 15 measured up to 43 % of stores and 51 % of refreshes lost).
+that reply never starts (measured: up to 43 % of stores and 51 % of refreshes were lost).
 So the servicer hands each write to this writer *before* the reply goes out: `submit` is
 synchronous (no await, so no cancellation point), and from then on the job is owned by
 long-lived worker tasks that hold strong references and outlive the stream.

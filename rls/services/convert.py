@@ -1,4 +1,5 @@
-"""Protobuf <-> limiter values, with the request validation of DESIGN §10.
+"""Protobuf <-> limiter values, with the request validation (docs/reliability.md, "Bad input
+limits").
 
 Kept apart from the servicer so the admin `/json` endpoint runs the exact same checks.
 """

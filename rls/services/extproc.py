@@ -34,8 +34,8 @@ body under flow control instead, and BUFFERED is requested only for a body known
 which would suit it, hung on bodies over the limit.
 
 Who may call it: the servicer runs on a listener of its own, `--extproc-addr`, loopback by
-default, since every stream can write entries served to every user (server.py builds it;
-docs/cache.md, "Who can write to the cache"). Headers Envoy never sends (a 5,000-digit
+default, since every stream can write entries served to every user (rls.process.server builds
+it; docs/cache.md, "Who can write to the cache"). Headers Envoy never sends (a 5,000-digit
 `:status`) are `malformed_header` bypasses (response_cache/entry.py, header_problem); a message that
 does not decode ends the stream INVALID_ARGUMENT.
 
@@ -75,7 +75,7 @@ from rls.response_cache.metrics import CacheMetrics
 from rls.response_cache.store import create_store
 from rls.response_cache.writer import WriteJob
 from rls.services.decoding import decode
-from rls.settings import is_loopback
+from rls.settings.model import is_loopback
 
 log = logging.getLogger("rls.cache")
 

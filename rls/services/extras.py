@@ -1,4 +1,4 @@
-"""Optional response extras (DESIGN §6), each off by default:
+"""Optional response extras, each off by default (docs/configuration.md, "Settings"):
 
 - `--response-headers`: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` in
   `response_headers_to_add` (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED, same choice

@@ -4,9 +4,9 @@ Envoy's `rate_limit_quota` filter opens one stream per (rls cluster, domain), re
 of every bucket it holds every 5 s (and once at once for a new bucket), and enforces whatever
 we answer. Each report is answered at once; window resets are pushed without waiting for a
 report. Bucket ids are matched against the domain's descriptors (rls.quota.match) and dealt
-shares of the ShouldRateLimit counters (rls.quota.share). Facts about Envoy 1.40 this relies
-on: reference/rlqs.md (TTLs and fill intervals in whole seconds, a blanket rule before a
-changed token bucket so the new bucket starts full).
+shares of the ShouldRateLimit counters (rls.quota.share). What Envoy 1.40 does with the
+answers, which this relies on, is in rls.quota.actions (TTLs and fill intervals in whole
+seconds, a blanket rule before a changed token bucket so the new bucket starts full).
 
 This module is the servicer only: the handler, each stream's lifetime and the drain. The
 stream itself (reading, slicing, answering) is rls.quota.stream; its buckets rls.quota.table;
@@ -40,7 +40,8 @@ from rls.quota.outbox import OutboxPool
 from rls.quota.share import Dealer
 from rls.quota.stream import AbortStatus, QuotaStream
 from rls.quota.tasks import Background
-from rls.settings import Settings, quota_unmatched
+from rls.settings import Settings
+from rls.settings.environment import quota_unmatched
 from rls.stores.base import Backend
 
 log = logging.getLogger("rls.quota")

@@ -21,9 +21,9 @@ from rls.engine.limiter import (
     RateLimiter,
     StoreFailed,
 )
-from rls.logging_setup import LogGate
 from rls.memo import PARSE_MEMO_BYTES, PARSE_MEMO_ENTRIES, BoundedCache, entries_cost
-from rls.metrics import Metrics
+from rls.observability.logs import LogGate
+from rls.observability.metrics import Metrics
 from rls.services.convert import to_descriptors, to_response
 from rls.services.extras import decorate
 from rls.settings import Settings

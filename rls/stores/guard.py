@@ -1,4 +1,4 @@
-"""The one way a store call runs: under a `Deadline`, judged by the store's `CircuitBreaker`.
+"""How a store call is guarded: under a `Deadline`, judged by the store's `CircuitBreaker`.
 
 Every store call goes through here: the Redis store runs each of its operations (decide,
 peek, usage statistics, the frequency counters' scripts) through its `StoreGuard`, and so do
@@ -10,7 +10,7 @@ type (`BackendError`; `StoreDown` while the breaker is open).
 `within` stops *waiting* at expiry instead of waiting for the cancelled call to unwind: redis-py
 may still await after a cancellation (a cluster client closing its nodes' connections after a
 failed slot-map refresh, a back-off sleep, a shielded refresh of the map), and none of that may
-hold the caller past its deadline (issue 33). The call is cancelled and finishes on its own.
+hold the caller past its deadline. The call is cancelled and finishes on its own.
 """
 
 from __future__ import annotations

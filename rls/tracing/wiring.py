@@ -39,7 +39,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from rls.engine.limiter import RateLimiter
 from rls.services import extproc, quota, ratelimit
-from rls.settings import Settings, env_text, env_with_prefix
+from rls.settings import Settings
+from rls.settings.environment import env_text, env_with_prefix
 from rls.tracing import otlp_compat
 from rls.tracing.spans import Spans
 

@@ -20,7 +20,7 @@ import pytest
 from rls.config.loader import load_files
 from rls.config.model import Limit
 from rls.engine.limiter import OVER_LIMIT, DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.base import Backend
 from rls.stores.redis import RedisBackend
@@ -208,7 +208,7 @@ def test_a_candidate_error_names_its_line_and_node() -> None:
 def test_rls_top_prints_who_candidates_would_limit_in_a_table_of_their_own() -> None:
     import argparse
 
-    from rls.top_cli import render
+    from rls.cli.top import render
 
     payload = {
         "window": "1m", "sort": "over", "workers": 1, "domains": {},

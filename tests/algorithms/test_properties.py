@@ -33,7 +33,7 @@ from rls.config.model import Limit, Unit
 from rls.core.model import Check, Verdict
 from rls.engine.calendar import calendar_window
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend

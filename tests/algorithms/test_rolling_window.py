@@ -24,7 +24,7 @@ from rls.config.model import Limit, Unit
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, Check
 from rls.engine.fallback import FallbackLimiter
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.quota.share import undealable
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend

@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 from conftest import free_port
 
-from rls.admin.cache_cli import purge
 from rls.admin.response_cache import add_cache_routes
+from rls.cli.cache import purge
 from rls.response_cache.cache import ResponseCache
 
 from .helpers import make_service

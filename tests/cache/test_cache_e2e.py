@@ -8,7 +8,7 @@ import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from rls.admin.cache_cli import purge
+from rls.cli.cache import purge
 
 from .conftest import Stack
 from .harness import GATEWAY, Response, poll

@@ -14,7 +14,7 @@ import uvloop
 from conftest import RedisServer, free_port, start_redis, wait_until
 from prometheus_client import CollectorRegistry
 
-from rls.assembly import probe_cache_store
+from rls.process.server import probe_cache_store
 from rls.response_cache.cache import ResponseCache, StoredResponse
 from rls.response_cache.config import parse_cache_config
 from rls.response_cache.keys import Headers

@@ -31,7 +31,7 @@ from rls.config.model import Limit, Unit
 from rls.core.algorithms.registry import ALGORITHM_NAMES
 from rls.core.model import NEGATIVE, Check, Verdict
 from rls.engine.fallback import FallbackLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
 

@@ -8,7 +8,7 @@ import pytest
 
 from rls.config.loader import load_files
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend

@@ -29,7 +29,7 @@ from support.processes import stop_process
 from support.waiting import wait_until
 from xds_config.ads_server import AdsServer, TlsFiles
 
-from rls.reference_env import honoured
+from rls.settings.reference_env import honoured
 
 # Envoy Gateway's environment for the rate-limit container (see docs/envoy-gateway.md).
 EG_ENV = {

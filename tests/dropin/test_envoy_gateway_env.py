@@ -21,7 +21,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from support.redis_server import RedisServer
 from xds_config.ads_server import AdsServer, domain, limit
 
-from rls.reference_env import REFERENCE_VARIABLES, honoured, xds_supported
+from rls.settings.reference_env import REFERENCE_VARIABLES, honoured, xds_supported
 
 from .helpers import (
     EG_ENV,

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bin_ratelimit_is_the_ratelimit_console_script_of_the_image_venv() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, func = scripts["ratelimit"].partition(":")
-    assert module == "rls.ratelimit_entry"
+    assert module == "rls.cli.ratelimit_entry"
     assert callable(getattr(import_module(module), func))
     dockerfile = (ROOT / "Dockerfile").read_text()
     final = dockerfile.rpartition("\nFROM ")[2]  # the runtime stage

@@ -1,4 +1,4 @@
-"""What `/bin/ratelimit` makes of the reference's variables (rls.reference_env.plan), and the
+"""What `/bin/ratelimit` makes of the reference's variables (settings.reference_env.plan), and the
 two start-up lines it adds: the variables rls ignores, and USE_STATSD=true's pointer to the
 metrics."""
 
@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 from support.net import free_port
 
-from rls import reference_env
-from rls.ratelimit_entry import USAGE
-from rls.ratelimit_entry import main as ratelimit_main
-from rls.reference_env import REFERENCE_VARIABLES, honoured, ignored, plan
-from rls.settings import SettingError, Settings
+from rls.cli.ratelimit_entry import USAGE
+from rls.cli.ratelimit_entry import main as ratelimit_main
+from rls.settings import SettingError, Settings, reference_env
+from rls.settings.reference_env import REFERENCE_VARIABLES, honoured, ignored, plan
 
 from .helpers import STATSD_LINE, Ratelimit, ignored_lines
 
@@ -84,7 +83,7 @@ def test_ignored_variables_are_those_rls_reads_nowhere(monkeypatch: pytest.Monke
            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
     assert {"DEBUG_PORT", "EXTRA_TAGS"} <= set(ignored(env))
     assert not {"RUNTIME_ROOT", "REDIS_URL", "REDIS_TYPE", "PATH"} & set(ignored(env))
-    # Mapped later in rls.settings.REFERENCE_ENV (another feature): off the line by itself.
+    # Mapped later in REFERENCE_ENV (another feature): off the line by itself.
     monkeypatch.setitem(reference_env.REFERENCE_ENV, "debug_port_feature", "DEBUG_PORT")
     monkeypatch.setitem(reference_env.REFERENCE_ENV, "tracing", "TRACING_ENABLED")
     assert "DEBUG_PORT" not in ignored(env)

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rls.cli_flags import FLAGS
+from rls.cli.serve import FLAGS
 from rls.config.model import Unit
 from rls.core.limits import Limit
-from rls.metrics import Metrics
-from rls.reference_env import plan
-from rls.reference_metrics import PER_LIMIT_STATS, reference_families
+from rls.observability.metrics import Metrics
+from rls.observability.reference_metrics import PER_LIMIT_STATS, reference_families
+from rls.settings.reference_env import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]

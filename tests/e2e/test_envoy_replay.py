@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rls.replay.cli import _parser, run
+from rls.cli.main import parser
+from rls.cli.replay import outcome
 
 from .harness import Gateway, load_gateway, wait_for
 from .test_envoy_ratelimit import DESCRIPTORS, same_window  # noqa: F401 - a fixture
@@ -45,8 +46,8 @@ def gateway_with_access_log(tmp_path: Path, access_log: Path) -> Path:
 def replay(tmp_path: Path, log: Path) -> dict:
     conf = tmp_path / "replay-config.yaml"
     conf.write_text(DESCRIPTORS)
-    _, report, error = run(_parser("rls replay").parse_args(
-        ["--config", str(conf), "--log", str(log), "--json"]))
+    _, report, error = outcome(parser().parse_args(
+        ["replay", "--config", str(conf), "--log", str(log), "--json"]))
     assert report is not None, error
     return report
 

@@ -113,9 +113,9 @@ async def test_sigterm_drains_in_flight_calls_and_exits_zero(rls_factory, tmp_pa
 
 
 async def test_a_shutdown_step_that_never_ends_is_left_behind(caplog):
-    """Each shutdown step is bounded (rls/server.py `_bounded`): a library call that never
+    """Each shutdown step is bounded (rls/process/server.py `_bounded`): a library call that never
     returns is logged by name and the drain goes on, so SIGTERM still ends in an exit."""
-    from rls.server import _bounded
+    from rls.process.server import _bounded
 
     never = asyncio.get_running_loop().create_future()
     started = time.monotonic()

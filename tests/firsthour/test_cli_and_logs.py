@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import wait_until
 
-from rls.admin.client import parse_descriptor
-from rls.cli import FLAGS
+from rls.cli.counters import parse_descriptor
+from rls.cli.serve import FLAGS
 from rls.config.loader import load_files
 from rls.config.matcher import match
 

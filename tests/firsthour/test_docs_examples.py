@@ -23,10 +23,9 @@ import yaml
 from support.envoy import find_envoy
 from support.system import require_binary
 
-from rls.cli import _parser as rls_parser
+from rls.cli.main import parser as rls_parser
 from rls.config.parser import VALID_KEYS
 from rls.frequency.model import load_config as load_counters_config
-from rls.replay.cli import _parser as replay_parser
 
 from .docblocks import DOCS, Block, blocks
 from .helpers import ROOT, rls
@@ -200,9 +199,8 @@ def check_workflow(where: str, body: str) -> None:
     assert commands, f"{where}: no rls command in the workflow's steps"
     for command in commands:
         argv = shlex.split(command)[1:]
-        parser = replay_parser("rls replay") if argv[:1] == ["replay"] else rls_parser()
         try:
-            parser.parse_args(argv[1:] if argv[:1] == ["replay"] else argv)
+            rls_parser().parse_args(argv)
         except SystemExit:
             pytest.fail(f"{where}: rls does not take `{command}`")
 

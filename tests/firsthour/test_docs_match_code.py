@@ -104,8 +104,9 @@ def test_readme_counter_value_format(served, redis_server) -> None:
 
 
 def test_migration_states_defaults_and_reference_variables_truthfully() -> None:
-    from rls.reference_env import ENTRY_ENV
-    from rls.settings import REFERENCE_ENV, Settings
+    from rls.settings import Settings
+    from rls.settings.environment import REFERENCE_ENV
+    from rls.settings.reference_env import ENTRY_ENV
 
     assert f"default {Settings().backend_timeout_ms} ms" in MIGRATION
     assert "default 15 ms" not in MIGRATION
@@ -157,7 +158,7 @@ def test_demo_quota_is_documented() -> None:
 
 
 def test_breaker_gauge_values_agree_in_docs_and_code() -> None:
-    from rls.server import _CIRCUIT_VALUE
+    from rls.process.server import _CIRCUIT_VALUE
     from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN
 
     breaker = (ROOT / "rls" / "stores" / "breaker.py").read_text(encoding="utf-8")

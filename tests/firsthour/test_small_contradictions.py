@@ -45,7 +45,8 @@ def test_healthcheck_is_500_store_not_ready_with_a_config_and_no_store(
 
 
 def test_serve_help_and_the_settings_table_list_every_log_level_accepted() -> None:
-    from rls.settings import CHOICES, LOG_LEVEL_ALIASES, Settings
+    from rls.settings import Settings
+    from rls.settings.model import CHOICES, LOG_LEVEL_ALIASES
 
     help_text = " ".join(rls("serve", "--help").stdout.split())
     row = next(line for line in (ROOT / "docs" / "configuration.md").read_text().splitlines()

@@ -17,7 +17,7 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 from rls.engine.unknown_domains import LOG_EVERY_S, MAX_NAME_CHARS, MAX_NAMED, UnknownDomains
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 
 
 class Clock:

@@ -30,7 +30,7 @@ from rls.config.loader import LoadBudget, load_paths
 from rls.config.model import RateLimitConfig
 from rls.config.reload import ConfigHolder
 from rls.engine.limiter import OK, DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from rls.config.reload import ConfigHolder
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 
 
 def good(domain: str) -> str:

@@ -224,7 +224,7 @@ def turns() -> None:
     from prometheus_client import CollectorRegistry
 
     from rls.config.loader import load_files
-    from rls.gc_tuning import freeze_startup_objects, tune_thresholds
+    from rls.process.gc_tuning import freeze_startup_objects, tune_thresholds
     from rls.services.quota import QuotaService, QuotaStream
     from rls.settings import Settings
     from rls.stores.memory import MemoryBackend

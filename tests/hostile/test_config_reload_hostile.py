@@ -17,7 +17,7 @@ from conftest import ROOT, http_get, wait_until
 
 from rls.config import reload as reload_mod
 from rls.config.reload import ConfigHolder
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 
 from .helpers import metric
 from .test_config_dir import billion_laughs, good

@@ -17,7 +17,8 @@ from cache.helpers import request_headers, response_body, response_headers
 from conftest import RlsProcess
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from rls.settings import Settings, is_loopback
+from rls.settings import Settings
+from rls.settings.model import is_loopback
 
 from .grpc_surface import (
     RSS_GROWTH_LIMIT,

@@ -11,7 +11,7 @@ import pytest
 from rls.config.errors import ConfigError
 from rls.config.loader import load_files
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
 

@@ -26,8 +26,7 @@ import pytest
 from conftest import ROOT, free_port, http_get, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rls.settings import SHARED_DIR_ENV
-from rls.workers import (
+from rls.process.workers import (
     BACKOFF_CAP,
     BACKOFF_FIRST,
     CRASH_LOOP_FAILURES,
@@ -35,6 +34,7 @@ from rls.workers import (
     backoff,
     worker_problem,
 )
+from rls.settings.environment import SHARED_DIR_ENV
 
 from .helpers import metric
 from .test_config_dir import good
@@ -151,7 +151,7 @@ def test_pipe_watch_alone_stops_an_orphaned_worker(tmp_path: Path) -> None:
     read_end, write_end = os.pipe()
     code = (
         "import signal, sys, time\n"
-        "from rls.workers import watch_supervisor\n"
+        "from rls.process.workers import watch_supervisor\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
         "watch_supervisor()\n"
         "print('watching', flush=True)\n"
@@ -177,7 +177,7 @@ def test_orphan_that_hangs_while_draining_exits_after_the_budget(tmp_path: Path)
     read_end, write_end = os.pipe()
     code = (
         "import signal, time\n"
-        "from rls.workers import watch_supervisor\n"
+        "from rls.process.workers import watch_supervisor\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"  # a drain that never ends
         "watch_supervisor()\n"
         "print('watching', flush=True)\n"
@@ -210,7 +210,7 @@ def test_worker_hanging_while_draining_is_killed_after_the_budget(tmp_path: Path
     )
     supervisor = (
         "import sys\n"
-        "from rls.workers import supervise\n"
+        "from rls.process.workers import supervise\n"
         f"cmd = [sys.executable, '-c', {worker!r}]\n"
         "sys.exit(supervise([], 1, drain_budget=1.0, command=cmd))\n"
     )
@@ -249,7 +249,7 @@ def test_a_worker_that_keeps_failing_is_restarted_with_back_off_then_the_supervi
     )
     supervisor = (
         "import logging, sys\n"
-        "from rls.workers import supervise\n"
+        "from rls.process.workers import supervise\n"
         "logging.basicConfig(level=logging.INFO)\n"
         f"cmd = [sys.executable, '-c', {worker!r}]\n"
         "sys.exit(supervise([], 2, drain_budget=5.0, command=cmd, max_failures=5))\n"

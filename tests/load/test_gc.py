@@ -15,7 +15,7 @@ from conftest import http_get
 
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.services.convert import to_response
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend

@@ -27,7 +27,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 from rls.config.loader import load_files
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, Overloaded, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.breaker import CLOSED, OPEN, CircuitBreaker
 from rls.stores.deadline import LoopLag

@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import http_get
 from prometheus_client.parser import text_string_to_metric_families
 
-from rls.metrics import FAILURE_ANSWERS, FAILURE_REASONS, OVERLOAD_ANSWERS
+from rls.observability.metrics import FAILURE_ANSWERS, FAILURE_REASONS, OVERLOAD_ANSWERS
 
 CONFIG = (
     "domain: {name}\ndescriptors:\n  - key: k\n"

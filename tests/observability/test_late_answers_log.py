@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rls.logging_setup import GRPC_AIO_LOGGER, setup_logging
+from rls.observability.logs import GRPC_AIO_LOGGER, setup_logging
 
 
 @pytest.fixture

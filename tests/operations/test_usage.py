@@ -17,7 +17,7 @@ from rls.config.loader import load_paths
 from rls.core.usage import calls_key, distinct_key
 from rls.engine.limiter import OK as LIMITER_OK
 from rls.engine.limiter import DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend

@@ -21,7 +21,7 @@ from rls.config.model import limits_of
 from rls.core.model import Check
 from rls.engine.candidates import CandidateReporter
 from rls.engine.top import TopTalkers, merge_candidates
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.quota.ledger import Ledger
 from rls.quota.share import Dealer
 from rls.services.quota import QuotaService, QuotaStream

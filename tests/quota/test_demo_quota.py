@@ -9,7 +9,8 @@ from conftest import ROOT
 
 
 def test_demo_quota_smoke_passes_on_free_ports() -> None:
-    done = subprocess.run([sys.executable, "-m", "rls.demo", "--quota", "--smoke", "--free-ports"],
+    done = subprocess.run([sys.executable, "-m", "rls", "demo", "--quota", "--smoke",
+                           "--free-ports"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "smoke test passed" in done.stdout

@@ -24,7 +24,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 import rls.stores.redis.connect as redis_connect
 from rls.config.loader import load_files
 from rls.engine.limiter import DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.redis import RedisBackend
 

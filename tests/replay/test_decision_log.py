@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from rls.cli.main import parser
+from rls.cli.replay import outcome
 from rls.config.loader import load_files
 from rls.engine.decision import DescriptorIn
 from rls.engine.limiter import RateLimiter
-from rls.metrics import Metrics
-from rls.replay.cli import _parser, run
+from rls.observability.metrics import Metrics
 from rls.settings import SettingError, Settings
 from rls.stores.memory import MemoryBackend
 
@@ -55,10 +56,10 @@ async def test_replaying_the_decision_log_reproduces_the_live_decisions(tmp_path
     first = json.loads(log.read_text().splitlines()[0])
     assert list(first)[:3] == ["ts", "code", "domain"] and first["ts"] == T0
     (tmp_path / "conf.yaml").write_text(CONFIG)
-    args = _parser("rls replay").parse_args(
-        ["--config", str(tmp_path / "conf.yaml"), "--log", str(log)]
+    args = parser().parse_args(
+        ["replay", "--config", str(tmp_path / "conf.yaml"), "--log", str(log)]
     )
-    _, report, _ = await asyncio.to_thread(run, args)  # its own event loop
+    _, report, _ = await asyncio.to_thread(outcome, args)  # its own event loop
     assert report is not None
     assert report["requests"] == 800 and report["over_limit"] == over > 50
     assert report["logged_answers"] == {"lines": 800, "same": 800, "different": 0,

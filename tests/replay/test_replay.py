@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rls.cli import main as rls_main
-from rls.replay.cli import _parser, run
+from rls.cli.main import main as rls_main
+from rls.cli.main import parser
+from rls.cli.replay import outcome
 
 from .logs import T0, decision_log, envoy_line, user
 
@@ -41,8 +42,8 @@ def replay(tmp_path: Path, log: Path, *extra: str, config: str = CONFIG) -> tupl
     conf = tmp_path / "conf"
     conf.mkdir(exist_ok=True)
     (conf / "app.yaml").write_text(config)
-    args = _parser("rls replay").parse_args(["--config", str(conf), "--log", str(log), *extra])
-    status, report, error = run(args)
+    args = parser().parse_args(["replay", "--config", str(conf), "--log", str(log), *extra])
+    status, report, error = outcome(args)
     assert report is not None, error
     return status, report
 

@@ -30,8 +30,8 @@ import pytest
 from support.net import connectable
 from support.system import require_binary
 
+from rls.cli.main import parser
 from rls.demo import DemoError, find_envoy
-from rls.demo.cli import _parser
 from rls.demo.paths import default_envoy_config, repo_root
 from rls.demo.ports import choose_ports, port_is_free
 
@@ -282,9 +282,9 @@ def test_a_port_held_only_by_a_time_wait_connection_is_free_for_the_demo():
         plain.bind(("127.0.0.1", port))
     # ...yet rls and Envoy (SO_REUSEADDR) can listen on it, so the demo must call it free.
     assert port_is_free(port)
-    args = _parser().parse_args(["--http-port", str(port), "--listener-port", "0",
-                                 "--envoy-admin-port", "0", "--grpc-port", "0",
-                                 "--backend-port", "0"])
+    args = parser().parse_args(["demo", "--http-port", str(port), "--listener-port", "0",
+                                "--envoy-admin-port", "0", "--grpc-port", "0",
+                                "--backend-port", "0"])
     assert choose_ports(args, 1).http == port
 
 
@@ -330,7 +330,7 @@ def test_default_files_resolve_to_the_checkout_from_any_working_directory(tmp_pa
     # working directory (a wrong parents[] depth would fall back to the cwd silently).
     monkeypatch.chdir(tmp_path)
     assert repo_root() == ROOT
-    assert _parser().parse_args([]).config == str(ROOT / "config")
+    assert parser().parse_args(["demo"]).config == str(ROOT / "config")
     for cache, quota, name in ((False, False, "gateway.yaml"), (True, False, "gateway-cache.yaml"),
                                (False, True, "gateway-rlqs.yaml")):
         path = default_envoy_config(cache=cache, quota=quota)

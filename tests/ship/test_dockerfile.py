@@ -5,7 +5,7 @@ What is checked, against the sources rather than copies of their values:
   multi-stage (a wheel is built, then installed into a venv of the final stage);
 - ENTRYPOINT is a console script of [project.scripts] whose target imports;
 - CMD parses with rls's own argument parser; EXPOSE lists exactly the gRPC port of
-  rls/settings.py's default `grpc_addr` and the admin port, which is the default port of
+  rls/settings/model.py's default `grpc_addr` and the admin port, which is the default port of
   `http_addr`; CMD leaves the admin listener on loopback (safe by default), and moving it off
   loopback with RLS_HTTP_ADDR is refused unless RLS_ADMIN_TOKEN is set too;
 - the HEALTHCHECK URL path is a route of the real admin app (rls/admin/app.py), and the
@@ -34,8 +34,11 @@ from pathlib import Path
 import pytest
 
 from rls.admin.app import AdminState, create_app
-from rls.cli import _parser, _settings_from, check_config
-from rls.server import build_app, split_addr
+from rls.cli.check_config import check_config
+from rls.cli.main import parser
+from rls.cli.serve import settings_from
+from rls.process.listeners import split_addr
+from rls.process.server import build_app
 from rls.settings import Settings
 from rls.stores.redis.scripts import ALGORITHM_FILES
 
@@ -132,7 +135,7 @@ def test_entrypoint_is_the_console_script_of_the_package():
 def test_cmd_parses_and_exposed_ports_are_the_settings_defaults():
     cmd = exec_form(one("CMD"))
     assert cmd[0] == "serve"
-    settings = _settings_from(_parser().parse_args(cmd))
+    settings = settings_from(parser().parse_args(cmd))
     defaults = Settings()
     assert settings.config == ["/etc/rls/config"]
     grpc_host, grpc_port = split_addr(settings.grpc_addr)
@@ -151,9 +154,9 @@ def test_exposing_the_admin_port_needs_a_token(monkeypatch):
     monkeypatch.delenv("RLS_ADMIN_INSECURE", raising=False)
     monkeypatch.setenv("RLS_HTTP_ADDR", "0.0.0.0:8080")
     with pytest.raises(ValueError, match="not on loopback and RLS_ADMIN_TOKEN is not set"):
-        _settings_from(_parser().parse_args(cmd))
+        settings_from(parser().parse_args(cmd))
     monkeypatch.setenv("RLS_ADMIN_TOKEN", "t0ken")
-    assert _settings_from(_parser().parse_args(cmd)).http_addr == "0.0.0.0:8080"
+    assert settings_from(parser().parse_args(cmd)).http_addr == "0.0.0.0:8080"
 
 
 def healthcheck_command() -> list[str]:
@@ -258,7 +261,7 @@ def copy_sources() -> list[tuple[str, str, str]]:
 
 def test_copy_sources_exist_and_survive_dockerignore():
     assert not ignored("pyproject.toml") and ignored("tests/conftest.py")
-    assert ignored("rls/__pycache__/cli.cpython-311.pyc") and not ignored("rls/cli.py")
+    assert ignored("rls/cli/__pycache__/main.cpython-311.pyc") and not ignored("rls/cli/main.py")
     for _, src, _ in copy_sources():
         matches = sorted(ROOT.glob(src.rstrip("/")))
         assert matches, f"COPY {src}: nothing in the repository"

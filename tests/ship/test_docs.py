@@ -15,10 +15,10 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rls.cli import FLAGS
+from rls.cli.serve import FLAGS
 from rls.config.model import ALGORITHMS
 from rls.config.parser import EXTENSION_KEYS, REFERENCE_KEYS
-from rls.settings import REFERENCE_ENV
+from rls.settings.environment import REFERENCE_ENV
 
 from .helpers import ROOT
 
@@ -53,7 +53,7 @@ def test_configuration_covers_every_flag_key_and_algorithm():
 
 
 def _metric_names() -> set[str]:
-    from rls.metrics import Metrics
+    from rls.observability.metrics import Metrics
 
     names = set()
     registries = [Metrics().registry]
@@ -68,7 +68,7 @@ def _metric_names() -> set[str]:
     xds_registry = CollectorRegistry()
     XdsMetrics(xds_registry)
     registries.append(xds_registry)
-    from rls.grpc_auth import interceptors
+    from rls.grpc_access.token_auth import interceptors
 
     token_registry = CollectorRegistry()  # the token's counter exists only with a token
     interceptors("a-token", token_registry)
@@ -93,7 +93,7 @@ def test_admin_doc_covers_every_route():
     from aiohttp import web
 
     from rls.admin.app import AdminState, create_app
-    from rls.server import build_app
+    from rls.process.server import build_app
     from rls.settings import Settings
 
     app = build_app(Settings())

@@ -1,6 +1,6 @@
-"""Every read of the process environment is in rls/settings.py, so what a deployment can set
-is found in one place (its fields, and the accessors beside them for what libraries or the
-supervisor read); a module that needs a variable asks settings."""
+"""Every read of the process environment is in rls/settings/environment.py, so what a deployment
+can set is found in one place (the settings' variables, and the accessors beside them for what
+libraries or the supervisor read); a module that needs a variable asks it."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import ast
 
 from .helpers import ROOT
 
-READER = ROOT / "rls" / "settings.py"
+READER = ROOT / "rls" / "settings" / "environment.py"
 
 
 def environment_reads() -> list[str]:
-    """`file:line` of every os.environ / os.getenv / os.environb outside rls/settings.py."""
+    """`file:line` of every os.environ / os.getenv / os.environb outside the reader."""
     found = []
     for path in sorted((ROOT / "rls").rglob("*.py")):
         if path == READER:
@@ -31,4 +31,4 @@ def test_only_settings_reads_the_environment() -> None:
 def test_the_scan_finds_the_readers_it_guards_against() -> None:
     tree = ast.parse(READER.read_text())
     reads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "environ"]
-    assert len(reads) > 5  # settings itself reads through os.environ: the scan can see it
+    assert len(reads) > 5  # the reader itself goes through os.environ: the scan sees it

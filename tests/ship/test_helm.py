@@ -31,7 +31,9 @@ from typing import Any
 import pytest
 import yaml
 
-from rls.cli import FLAGS, _parser, _settings_from, check_config
+from rls.cli.check_config import check_config
+from rls.cli.main import parser
+from rls.cli.serve import FLAGS, settings_from
 
 from .helpers import ROOT
 from .minihelm import TemplateError, render_chart
@@ -155,7 +157,7 @@ def test_rendered_manifests_fit_together(overrides, tmp_path: Path, monkeypatch)
     monkeypatch.delenv("RLS_ADMIN_TOKEN", raising=False)
     if "RLS_ADMIN_TOKEN" in env:  # as the pod would have it (from the Secret)
         monkeypatch.setenv("RLS_ADMIN_TOKEN", "from-the-secret")
-    settings = _settings_from(_parser().parse_args(rls["args"]))  # validates, as rls does
+    settings = settings_from(parser().parse_args(rls["args"]))  # validates, as rls does
     mounts = {m["mountPath"]: m["name"] for m in rls["volumeMounts"]}
     (config_dir,) = settings.config
     descriptors_cm = objs[("ConfigMap", volumes[mounts[config_dir]]["configMap"]["name"])]

@@ -29,7 +29,7 @@ import redis
 
 from rls.config.loader import load_paths
 from rls.engine.limiter import OK, OVER_LIMIT, Decision, DescriptorIn, RateLimiter
-from rls.metrics import Metrics
+from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend

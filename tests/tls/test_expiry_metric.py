@@ -15,7 +15,7 @@ OLD, NEW = 1_800_000_000.0, 1_900_000_000.0
 WORKER = """
 import os, sys
 from prometheus_client import CollectorRegistry
-from rls.tls import KeyMaterial, TlsMetrics
+from rls.grpc_access.tls import KeyMaterial, TlsMetrics
 TlsMetrics(CollectorRegistry()).show(KeyMaterial(b"", b"", None, float(sys.argv[1]), None))
 print(os.getpid())
 """
@@ -34,7 +34,7 @@ def test_a_dead_workers_old_certificate_expiry_is_not_shown_after_a_rotation(
     tmp_path: Path,
 ) -> None:
     dead = _worker(tmp_path, OLD)  # a worker that died before the rotation
-    mark_process_dead(dead, str(tmp_path))  # what the supervisor does (rls/workers.py)
+    mark_process_dead(dead, str(tmp_path))  # what the supervisor does (rls/process/workers.py)
     _worker(tmp_path, NEW)  # the live worker, after the rotation (its file stays)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(tmp_path))

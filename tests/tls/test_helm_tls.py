@@ -12,7 +12,8 @@ import pytest
 import yaml
 from ship.test_helm import container, manifests, only
 
-from rls.cli import _parser, _settings_from
+from rls.cli.main import parser
+from rls.cli.serve import settings_from
 
 from .envoy_tls import HELM_DIR, enable_mtls
 from .test_envoy_mtls import _mtls_files
@@ -40,7 +41,7 @@ def test_tls_mounts_the_secret_as_a_directory_and_sets_every_tls_setting(
             monkeypatch.setenv(name, value)
     if token:
         monkeypatch.setenv("RLS_ADMIN_TOKEN", "t0ken")
-    settings = _settings_from(_parser().parse_args(rls["args"]))
+    settings = settings_from(parser().parse_args(rls["args"]))
     assert settings.grpc_tls
     assert settings.grpc_tls_client_ca == "/etc/rls/tls/ca.crt"
     assert settings.grpc_tls_client_san == TLS_ON["tls"]["clientSan"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from rls.tls import TlsMetrics
-from rls.tls_refusals import REASONS
+from rls.grpc_access.tls import TlsMetrics
+from rls.grpc_access.tls_refusals import REASONS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

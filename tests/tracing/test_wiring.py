@@ -10,8 +10,9 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from rls.cli import _parser, _settings_from
-from rls.server import Server
+from rls.cli.main import parser
+from rls.cli.serve import settings_from
+from rls.process.server import Server
 from rls.settings import Settings
 from rls.tracing.wiring import TracedHandler, Tracing
 
@@ -35,23 +36,23 @@ def test_tracing_on_wraps_the_store_call_once_and_every_listeners_handlers() -> 
 def test_reference_tracing_variables_are_read_and_bad_values_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    args = _parser().parse_args(["serve"])
+    args = parser().parse_args(["serve"])
     monkeypatch.setenv("TRACING_ENABLED", "true")
     monkeypatch.setenv("TRACING_EXPORTER_PROTOCOL", "GRPC")
     monkeypatch.setenv("TRACING_SERVICE_INSTANCE_ID", "rls-0")
     monkeypatch.setenv("TRACING_SAMPLING_RATE", "0.25")
-    settings = _settings_from(args)
+    settings = settings_from(args)
     assert (settings.tracing_enabled, settings.tracing_protocol) == (True, "grpc")
     assert (settings.tracing_service_name, settings.tracing_service_instance_id) == (
         "RateLimit", "rls-0")
     assert settings.tracing_sampling_rate == 0.25
     monkeypatch.setenv("TRACING_SAMPLING_RATE", "1.5")
     with pytest.raises(ValueError, match=r"^TRACING_SAMPLING_RATE: 1.5 is not between 0 and 1"):
-        _settings_from(args)
+        settings_from(args)
     monkeypatch.setenv("TRACING_SAMPLING_RATE", "1")
     monkeypatch.setenv("TRACING_EXPORTER_PROTOCOL", "udp")
     with pytest.raises(ValueError, match=r"^TRACING_EXPORTER_PROTOCOL: 'udp' is not one of"):
-        _settings_from(args)
+        settings_from(args)
 
 
 class _FailingLimiter:
@@ -105,7 +106,7 @@ def test_a_span_queue_smaller_than_the_default_batch_starts_with_the_batch_cut_t
 def test_otel_variables_the_exporter_cannot_use_stop_the_start_in_one_line_naming_them(
     monkeypatch: pytest.MonkeyPatch, protocol: str, variable: str, value: str, named: str
 ) -> None:
-    from rls.cli import startup_problem
+    from rls.cli.serve import startup_problem
 
     monkeypatch.setenv(variable, value)
     settings = Settings(tracing_enabled=True, tracing_protocol=protocol, allow_empty_config=True)

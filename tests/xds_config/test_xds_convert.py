@@ -11,8 +11,9 @@ import pytest
 from rls.config.errors import ConfigError
 from rls.config.loader import load_files
 from rls.config.xds.convert import build_config, resource_doc
-from rls.config.xds.options import Backoff, parse_duration, parse_pairs
+from rls.config.xds.options import Backoff
 from rls.core.limits import Unit
+from rls.settings.forms import parse_duration, parse_pairs
 
 from .ads_server import domain, limit, pack, pb
 

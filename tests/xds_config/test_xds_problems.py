@@ -23,7 +23,8 @@ from support.waiting import wait_until
 
 from rls.config.xds import problems
 from rls.config.xds.problems import classify, explain
-from rls.settings import REFERENCE_ENV, Settings
+from rls.settings import Settings
+from rls.settings.environment import REFERENCE_ENV
 
 from .ads_server import AdsServer, TlsFiles
 from .certs import SERVER_SAN, Certs, make_certs

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rls.cli import _parser, _settings_from
+from rls.cli import serve
+from rls.cli.main import parser
 from rls.settings import Settings
-from rls.value_forms import stream_headers
+from rls.settings.forms import stream_headers
 
 ENVOY_GATEWAY = {
     "CONFIG_TYPE": "GRPC_XDS_SOTW",
@@ -25,7 +26,7 @@ ENVOY_GATEWAY = {
 def settings_from(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], *args: str) -> Settings:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return _settings_from(_parser().parse_args(["serve", *args]))
+    return serve.settings_from(parser().parse_args(["serve", *args]))
 
 
 def test_envoy_gateway_environment_sets_the_xds_client(monkeypatch: pytest.MonkeyPatch) -> None:

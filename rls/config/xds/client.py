@@ -46,10 +46,11 @@ from rls.config.xds.convert import (
     YieldingBudget,
     build_config,
 )
-from rls.config.xds.options import Backoff, parse_pairs, stream_headers
+from rls.config.xds.options import Backoff
 from rls.config.xds.problems import classify, explain, unreadable
 from rls.event_loop import cancel_and_wait
 from rls.settings import Settings
+from rls.settings.forms import parse_pairs, stream_headers
 
 log = logging.getLogger("rls.config.xds")
 
@@ -418,7 +419,7 @@ class XdsConfigSource:
 
 def _without_collector(build: Callable[[], RateLimitConfig]) -> RateLimitConfig:
     """`build()` with the cyclic collector paused, its result frozen out of the collector's
-    reach (as rls.gc_tuning does at start-up). A 10,000-domain build allocates hundreds of
+    reach (as rls.process.gc_tuning does at start-up). A 10,000-domain build allocates hundreds of
     thousands of objects: left to the collector, they trigger full collections that hold the
     GIL for 100+ ms each, and the event loop's decisions wait behind them. Building leaves no
     cyclic garbage (rls.config.model.limits_of), so freezing keeps nothing dead alive; the

@@ -1,14 +1,9 @@
-"""The xDS client's settings in the reference's forms: `k1:v1,k2:v2` lists, Go durations, and
-the reconnect back-off."""
+"""The xDS client's flags and its reconnect back-off (the forms of its values, `k1:v1,k2:v2`
+lists and Go durations, are the settings' own: rls.settings.forms)."""
 
 from __future__ import annotations
 
 import random
-
-# Defined with the other written forms of settings; imported here by the xDS client and tests.
-from rls.value_forms import parse_duration as parse_duration
-from rls.value_forms import parse_pairs as parse_pairs
-from rls.value_forms import stream_headers as stream_headers
 
 
 class Backoff:
@@ -39,8 +34,8 @@ class Backoff:
         return min(self.maximum, max(0.0, base - spread + self.rng.random() * 2 * spread))
 
 
-# `rls serve` flags of the xDS client (rls.cli.FLAGS); each also reads RLS_<NAME> and the
-# reference's variable (rls.settings.REFERENCE_ENV).
+# `rls serve` flags of the xDS client (rls.cli.serve.FLAGS); each also reads RLS_<NAME> and the
+# reference's variable (rls.settings.environment.REFERENCE_ENV).
 XDS_FLAGS = {
     "config_type": "where limits come from: FILE (--config) or GRPC_XDS_SOTW (a control "
     "plane over xDS)",

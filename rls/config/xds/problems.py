@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from rls.settings import REFERENCE_ENV, Settings, env_source
+from rls.settings import Settings
+from rls.settings.environment import REFERENCE_ENV, env_source
 
 # The classes of a connection failure, from grpc's debug string (classify).
 WRONG_NAME = "wrong_name"  # the certificate does not carry the expected name

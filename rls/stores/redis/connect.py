@@ -213,7 +213,7 @@ def _cluster(
     # RedisCluster takes no retry_on_timeout. The asyncio client (the store's calls) makes one
     # attempt per call: its retries read the whole slot map again before each (CLUSTER SLOTS,
     # 16384 slots rebuilt, COMMAND parsed), up to four times per failing call, CPU that a
-    # failover's burst of failing calls took from every other caller (issue 33). A failing
+    # failover's burst of failing calls took from every other caller. A failing
     # call is evidence for its master's breaker instead, and the map is read again by the next
     # call or, while a master's breaker is open, by `node_breakers.py` (once per interval).
     nodes = [node_class(h, p) for h, p in _hosts(parts.netloc)]

@@ -21,7 +21,7 @@ _SCHEME_WITHOUT_SLASHES = re.compile(r"^([a-z][a-z0-9+.-]*):/(?!/)", re.IGNORECA
 
 def normalize_redis_url(url: str, env: Mapping[str, str]) -> str:
     """`url` with the scheme the reference's REDIS_* variables in `env` describe (read by
-    rls.settings, the one module that reads the environment)."""
+    rls.settings.environment, the one module that reads the environment)."""
     if not url or "://" in url:
         return url
     socket_type = env.get("REDIS_SOCKET_TYPE", "unix" if url.startswith("/") else "tcp").lower()

@@ -1,9 +1,6 @@
-"""`rls demo`'s command line: its flags, and `main` turning a run into an exit code
-(0 smoke passed or Ctrl-C, 1 a check failed or a part died, 2 a problem the user can fix).
-
-`rls demo` (rls/cli.py) hands its arguments here untouched, so `rls demo --help` is this
-parser's help.
-"""
+"""`rls demo`: the whole chain on one machine (rls.demo), its flags, and a run turned into an
+exit code (0 smoke passed or Ctrl-C, 1 a check failed or a part died, 2 a problem the user
+can fix)."""
 
 from __future__ import annotations
 
@@ -12,10 +9,9 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from rls.cli_hints import parse_args
+from rls.cli.command import Call, SubParsers
 from rls.demo.banner import banner, quota_banner
 from rls.demo.errors import DemoError
 from rls.demo.paths import default_config_dir
@@ -24,11 +20,13 @@ from rls.demo.processes import Demo
 from rls.demo.smoke import quota_smoke, smoke
 from rls.demo.startup import start
 
+NAME = "demo"
 
-def _parser(prog: str = "rls demo") -> argparse.ArgumentParser:
+
+def add_parser(sub: SubParsers) -> argparse.ArgumentParser:
     """The demo's flags; the port defaults are those of envoy/gateway.yaml."""
-    p = argparse.ArgumentParser(
-        prog=prog,
+    p = sub.add_parser(
+        NAME, help="start Envoy + rls + a tiny backend locally",
         description="Run a backend, rls (memory backend) and Envoy on this machine.",
     )
     p.add_argument("--config", default=str(default_config_dir()),
@@ -63,9 +61,8 @@ def _parser(prog: str = "rls demo") -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "rls demo") -> int:
+def run(args: argparse.Namespace, call: Call) -> int:
     """Start the demo, then smoke-test it or serve until Ctrl-C/SIGTERM; always clean up."""
-    args = parse_args(_parser(prog), argv)
     demo: Demo | None = None
 
     def on_sigterm(signum: int, frame: Any) -> None:

@@ -1,8 +1,8 @@
-"""The written forms of setting values the reference uses: Go durations and `k1:v1,k2:v2`
-lists.
+"""The written forms of setting values: booleans (`on`, `true`, `1`…), Go durations and
+`k1:v1,k2:v2` lists (as the reference writes its variables).
 
-A leaf (no rls import): rls.settings validates with them and rls.config.xds reads with them,
-so settings needs nothing from the config package (it stays low in the import graph).
+No rls import: Settings validates with them, the command line and the `ratelimit` entry read
+flags and variables with them, and the xDS client (rls.config.xds) its lists.
 """
 
 from __future__ import annotations
@@ -11,6 +11,16 @@ import re
 
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_bool(text: str) -> bool:
+    """on/off, true/false, yes/no, 1/0 (any case; empty is off); ValueError otherwise."""
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
 
 
 def parse_duration(text: str) -> float:

@@ -1,4 +1,12 @@
-"""Wire config, backend, limiter, gRPC and admin HTTP into one process; drain on SIGTERM."""
+"""One rls process: its parts (`build_app`), started in order by `Server`, drained on SIGTERM.
+
+`build_app` assembles metrics, the config holder, the store (Redis behind its circuit breaker,
+or the bounded memory store), the limiter and the RateLimitService: the whole decision path,
+without listeners, so tests and tools build it alone. `Server.run` then loads the config,
+connects the store (`start_store`, retried until it accepts us), opens the gRPC and HTTP
+listeners, keeps the background loops going (`flush_metrics`, config reloads, --workers health)
+and, on SIGTERM, drains in bounded steps.
+"""
 
 from __future__ import annotations
 
@@ -8,44 +16,176 @@ import os
 import signal
 import threading
 from collections.abc import Awaitable
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from aiohttp import web
 
 from rls.admin.app import AdminState, create_app
-from rls.admin.auth import admin_token
-from rls.admin.listeners import start_http
 from rls.admin.response_cache import add_cache_routes
 from rls.admin.switches import follow_shared
-from rls.assembly import _CIRCUIT_VALUE as _CIRCUIT_VALUE  # tests read it here
-from rls.assembly import build_app as build_app  # tests build the decision path from here
-from rls.assembly import flush_metrics, has_config, probe_cache_store, start_store
-from rls.assembly import split_addr as split_addr  # tests read the listen addresses with it
 from rls.config.errors import ConfigError
 from rls.config.model import RateLimitConfig
-from rls.config.reload import check_config_command
+from rls.config.reload import ConfigHolder, check_config_command
 from rls.config.xds.client import XdsConfigSource, start_source
 from rls.engine.candidates import CandidateReporter
+from rls.engine.limiter import RateLimiter
+from rls.engine.top import TopTalkers, dumps_snapshot
 from rls.frequency.grpc_api import CountersGrpc
 from rls.frequency.model import CountersConfig, load_config
 from rls.frequency.service import CountersService
-from rls.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
-from rls.grpc_auth import interceptors
-from rls.listen_errors import cannot_listen
+from rls.grpc_access.tls import GrpcTls, add_port, start_tls
+from rls.grpc_access.token_auth import interceptors
+from rls.observability.metrics import Metrics
+from rls.observability.reference_metrics import reference_families
+from rls.process.gc_tuning import PauseRecorder, freeze_startup_objects, tune_thresholds
+from rls.process.listeners import cannot_listen, start_http
+from rls.process.workers import WorkersCollector, mark_ready, watch_supervisor, worker_problem
 from rls.response_cache.cache import ResponseCache
+from rls.response_cache.store import GuardedStore, StoreError
 from rls.services.extproc import EXTPROC_MAX_MESSAGE, build_cache, warn_if_open
 from rls.services.health import create_health, health_handler, set_serving
 from rls.services.quota import QuotaService
-from rls.settings import Settings, shared_dir
-from rls.tls import GrpcTls, add_port, start_tls
+from rls.services.ratelimit import RateLimitService
+from rls.settings import Settings
+from rls.settings.environment import admin_token, shared_dir
+from rls.stores import MemoryBackend, create_backend
+from rls.stores.base import Backend, BackendError
+from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from rls.stores.deadline import LoopLag
+from rls.stores.redis import StoreRejected
+from rls.stores.redis.connect import TlsClient
+from rls.stores.redis.urls import redact
 from rls.tracing import start_tracing
-from rls.workers import (
-    mark_ready,
-    watch_supervisor,
-    worker_problem,
-)
 
 log = logging.getLogger("rls.server")
+
+_CIRCUIT_VALUE = {CLOSED: 0.0, OPEN: 1.0, HALF_OPEN: 0.5}
+
+
+@dataclass
+class App:
+    settings: Settings
+    metrics: Metrics
+    holder: ConfigHolder
+    backend: Backend
+    limiter: RateLimiter
+    service: RateLimitService
+
+
+def build_app(settings: Settings, backend: Backend | None = None) -> App:
+    metrics = Metrics(near_ratio=settings.near_limit_ratio)
+    if settings.reference_metrics:
+        metrics.derived.append(reference_families)
+    holder = ConfigHolder(
+        settings.config,
+        metrics,
+        settings.merge_domains,
+        strict=settings.strict,
+        allow_empty=settings.allow_empty_config,
+        every_file=settings.config_all_files,
+    )
+    if backend is None and settings.redis_url:
+        gauge = metrics.circuit.labels("redis")
+        breaker = CircuitBreaker(
+            "redis",
+            threshold=settings.breaker_threshold,
+            probe_interval=settings.probe_interval_ms / 1000,
+            on_change=lambda state: gauge.set(_CIRCUIT_VALUE[state]),
+        )
+        backend = create_backend(
+            settings.redis_url,
+            timeout_ms=max(settings.backend_timeout_ms, 1),
+            breaker=breaker,
+            auto_pipeline=settings.auto_pipeline,
+            probe_timeout_ms=settings.probe_timeout_ms,
+            tls=TlsClient(
+                settings.redis_tls_client_cert, settings.redis_tls_client_key,
+                settings.redis_tls_cacert, settings.redis_tls_skip_hostname_verification,
+            ),
+        )
+    elif backend is None:
+        memory = MemoryBackend(
+            max_bytes=settings.memory_max_bytes, on_evict=metrics.memory_evictions.inc
+        )
+        metrics.memory_bytes.set_function(lambda: memory.nbytes)
+        backend = memory
+    if shared_dir() is not None:  # a --workers worker: the supervisor's slots on /metrics
+        metrics.process_collectors.append(WorkersCollector())
+    lag = LoopLag(observe=metrics.loop_lag.observe)
+    limiter = RateLimiter(holder.current, backend, settings, metrics, lag)
+    holder.on_change = lambda _config: limiter.clear_local_cache()
+    service = RateLimitService(limiter, settings, metrics)
+    return App(settings, metrics, holder, backend, limiter, service)
+
+
+async def flush_metrics(
+    metrics: Metrics, top: TopTalkers | None = None, interval: float = 1.0
+) -> None:
+    """Push buffered counts into the counters (other workers' /metrics read them from files),
+    and, under --workers, this worker's top talkers for the others' /top."""
+    shared = shared_dir()
+    path = None if shared is None or top is None else Path(shared) / f"top-{os.getpid()}.json"
+    while True:
+        await asyncio.sleep(interval)
+        metrics.flush()
+        if path is not None and top is not None:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(dumps_snapshot(top))
+            tmp.replace(path)  # readers never see a half-written file
+
+
+async def start_store(app: App, on_ready: asyncio.Event, attempted: asyncio.Event) -> None:
+    """Connect, check and warm the store until it accepts us; then set `on_ready`.
+
+    `attempted` is set after the first attempt, whatever its outcome: the gRPC port opens only
+    then, so a burst at a cold start meets open connections and loaded scripts. Until the store
+    accepts us, calls are answered by the failure mode at once (breaker open) and health says
+    NOT_SERVING; the reason is logged (at most every 10 s while it lasts)."""
+    backend = app.backend
+    last_log = 0.0
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            await backend.start()
+        except StoreRejected as exc:
+            why, level = str(exc), logging.ERROR
+        except BackendError as exc:
+            why, level = str(exc), logging.WARNING
+        else:
+            app.metrics.store_ready.set(1)
+            log.info("store %s ready", backend.name)
+            on_ready.set()
+            attempted.set()
+            return
+        breaker = getattr(backend, "breaker", None)
+        if breaker is not None:
+            breaker.open(why)
+        if loop.time() - last_log >= 10:
+            log.log(level, "not ready: %s (retrying; failure mode %s answers meanwhile)",
+                    why, app.settings.failure_mode)
+            last_log = loop.time()
+        attempted.set()
+        await asyncio.sleep(0.25)
+
+
+def has_config(config: RateLimitConfig | None) -> bool:
+    return config is not None and bool(config.domains)
+
+
+async def probe_cache_store(store: GuardedStore) -> None:
+    """Report an unreachable cache store at startup (requests still go upstream uncached)."""
+    try:
+        await store.get_version("rls:startup-probe")
+    except StoreError as exc:
+        log.warning(
+            "cache store %s unreachable at startup: %s; requests go upstream uncached "
+            "until it answers",
+            redact(getattr(store, "url", store.name)),  # never the store's password
+            exc,
+        )
+
 
 # Every shutdown step is bounded: SIGTERM must end in an exit whatever a library does. A step
 # that overruns is logged and left behind; a loop that stops turning is the watchdog's.
@@ -65,6 +205,7 @@ def _shutdown_overran() -> None:
     log.critical("shutdown did not finish in time: exiting now")
     logging.shutdown()
     os._exit(1)
+
 
 class Server:
     """One rls process, in start-up order: config, store, services, listeners; then the drain.
@@ -88,7 +229,7 @@ class Server:
         self.extproc: grpc.aio.Server | None = None  # ext_proc's own listener, if any
         self.quota: QuotaService | None = None
         self.xds: XdsConfigSource | None = None  # CONFIG_TYPE=GRPC_XDS_SOTW
-        self.tls: GrpcTls | None = None  # TLS on every gRPC listener (rls/tls.py), if on
+        self.tls: GrpcTls | None = None  # TLS on every gRPC listener (grpc_access/tls.py), if on
         self.interceptors: list[grpc.aio.ServerInterceptor] = []  # the token check, if set
         self.tasks: list[asyncio.Task[None]] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
@@ -269,6 +410,7 @@ class Server:
         self.state = AdminState(app.service, app.metrics, app.holder.current)
         self.state.store_ready = False
         self.state.require_domain = settings.healthy_with_at_least_one_config_loaded
+        self.state.worker_problem = worker_problem  # --workers: the sibling slots
         if self.xds is not None:
             self.state.config_source = self.xds.status
         self.state.counters = counters  # type: ignore[attr-defined]  # read by admin/frequency.py

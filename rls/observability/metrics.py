@@ -25,6 +25,7 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
     generate_latest,
+    multiprocess,
 )
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -32,7 +33,7 @@ from prometheus_client.registry import Collector
 from rls import __version__
 from rls.core.limits import Limit
 from rls.memo import publish_to
-from rls.settings import metrics_multiprocess
+from rls.settings.environment import metrics_multiprocess
 
 # Label values of the failure counters, each a closed set: their series are created at 0 up
 # front (`prepare_domains` for the per-domain ones), so rate() counts the first burst of
@@ -54,7 +55,7 @@ _IPV4 = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}")
 
 def stat_label(key: str) -> str:
     """A stats key as the reference emits it, for the per-limit `key` label: dashboards and
-    rls.reference_metrics split it on dots as the reference's mapper does, so an
+    rls.observability.reference_metrics split it on dots as the reference's mapper does, so an
     IP-valued detailed metric must stay one level. (The key itself, e.g. in dynamic metadata
     or the matcher, stays unescaped, as the reference's `Stats.Key` does.)"""
     return _IPV4.sub(lambda m: m.group().replace(".", "_"), key.translate(_STATSD_UNSAFE))
@@ -86,7 +87,7 @@ class FlushingRegistry(CollectorRegistry):
         return super().collect()
 
 
-# Families computed from the collected ones at each scrape (rls.reference_metrics).
+# Families computed from the collected ones at each scrape (rls.observability.reference_metrics).
 Derivation = Callable[[Sequence[Metric]], list[Metric]]
 
 
@@ -118,7 +119,8 @@ class Metrics:
         self._requests: dict[tuple[str, str], Pending] = {}
         self.near_ratio = near_ratio
         # Collectors read at scrape time under --workers, besides the workers' files (the
-        # supervisor's worker slots: rls.workers.WorkersCollector, registered by the server).
+        # supervisor's worker slots: rls.process.workers.WorkersCollector, registered by the
+        # server).
         self.process_collectors: list[Any] = []
         # One builder per area. /metrics shows the families in the order they register here:
         # add new ones at the end of their area, do not reorder (docs/metrics.md lists each).
@@ -389,8 +391,6 @@ class Metrics:
         self.flush()
         source: Collector = self.registry
         if metrics_multiprocess():
-            from prometheus_client import multiprocess
-
             merged = CollectorRegistry()
             multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
             for collector in self.process_collectors:

@@ -1,9 +1,9 @@
-"""Runtime settings: CLI flags, each also readable from `RLS_<NAME>` (and some reference names).
+"""`Settings`: every setting rls has, its default and why, and the rules its values must
+follow (`validate`: one SettingError naming the setting, which the command line turns into the
+flag or variable the value came from).
 
-Precedence: flag > RLS_* env > envoyproxy/ratelimit env equivalent > default.
-
-The one module that reads the process environment: the Settings fields' variables here, and
-the others (RLS_ADMIN_TOKEN, RLS_QUOTA_*, the `--workers` protocol) by the functions at the end.
+The values come from flags (rls.cli.serve) and the environment (rls.settings.environment):
+flag > RLS_* variable > envoyproxy/ratelimit's variable > default.
 """
 
 from __future__ import annotations
@@ -12,71 +12,92 @@ import ipaddress
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from rls.event_loop import uvloop_installed
-from rls.setting_rules import CHOICES as CHOICES  # callers and tests read the rules here too
-from rls.setting_rules import GRPC_ADDRS, INT32_MAX, MAXIMUM, MINIMUM, URL_SCHEMES
-from rls.setting_rules import LOG_LEVEL_ALIASES as LOG_LEVEL_ALIASES
+from rls.settings.environment import admin_token, env_with_prefix
+from rls.settings.forms import parse_pairs, stream_headers
 from rls.stores.memory import DEFAULT_MAX_BYTES
 from rls.stores.redis.urls import bare_url_problem, normalize_redis_url, redact, url_problem
-from rls.value_forms import parse_pairs, stream_headers
 
-# envoyproxy/ratelimit environment names honoured when the RLS_* one is unset.
-REFERENCE_ENV = {
-    "redis_url": "REDIS_URL",
-    "tracing_enabled": "TRACING_ENABLED",
-    "tracing_protocol": "TRACING_EXPORTER_PROTOCOL",
-    "tracing_service_name": "TRACING_SERVICE_NAME",
-    "tracing_service_namespace": "TRACING_SERVICE_NAMESPACE",
-    "tracing_service_instance_id": "TRACING_SERVICE_INSTANCE_ID",
-    "tracing_sampling_rate": "TRACING_SAMPLING_RATE",
-    "shadow_mode": "SHADOW_MODE",
-    "quota_mode": "QUOTA_MODE",
-    "merge_domains": "MERGE_DOMAIN_CONFIG",
-    "near_limit_ratio": "NEAR_LIMIT_RATIO",
-    "key_prefix": "CACHE_KEY_PREFIX",
-    "log_level": "LOG_LEVEL",
-    "log_format": "LOG_FORMAT",
-    "response_headers": "LIMIT_RESPONSE_HEADERS_ENABLED",
-    "limit_header": "LIMIT_LIMIT_HEADER",
-    "remaining_header": "LIMIT_REMAINING_HEADER",
-    "reset_header": "LIMIT_RESET_HEADER",
-    "dynamic_metadata": "RESPONSE_DYNAMIC_METADATA",
-    "prometheus_path": "PROMETHEUS_PATH",
-    # Config over xDS (rls/config/xds; docs/configuration.md, "Config from a control plane")
-    "config_type": "CONFIG_TYPE",
-    "xds_server_url": "CONFIG_GRPC_XDS_SERVER_URL",
-    "xds_node_id": "CONFIG_GRPC_XDS_NODE_ID",
-    "xds_node_metadata": "CONFIG_GRPC_XDS_NODE_METADATA",
-    "xds_additional_headers": "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-    "xds_server_use_tls": "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-    "xds_client_tls_cert": "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-    "xds_client_tls_key": "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-    "xds_server_tls_cacert": "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-    "xds_server_tls_san": "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-    "xds_connect_retry_interval": "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-    "xds_backoff_initial": "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-    "xds_backoff_max": "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
-    "xds_backoff_random_factor": "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-    "xds_backoff_jitter": "XDS_CLIENT_BACKOFF_JITTER",
-    "xds_max_msg_bytes": "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
-    "force_start_without_initial_config": "FORCE_START_WITHOUT_INITIAL_CONFIG",
-    "healthy_with_at_least_one_config_loaded": "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-    "grpc_tls": "GRPC_SERVER_USE_TLS",
-    "grpc_tls_cert": "GRPC_SERVER_TLS_CERT",
-    "grpc_tls_key": "GRPC_SERVER_TLS_KEY",
-    "grpc_tls_client_ca": "GRPC_CLIENT_TLS_CACERT",
-    "grpc_tls_client_san": "GRPC_CLIENT_TLS_SAN",
-    "redis_tls_client_cert": "REDIS_TLS_CLIENT_CERT",
-    "redis_tls_client_key": "REDIS_TLS_CLIENT_KEY",
-    "redis_tls_cacert": "REDIS_TLS_CACERT",
-    "redis_tls_skip_hostname_verification": "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+GRPC_ADDRS = ("grpc_addr", "extproc_addr")  # the listeners that also take unix: paths
+
+URL_SCHEMES: dict[str, tuple[str, ...]] = {
+    "redis_url": (
+        "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
+        "rediss+cluster",
+    ),
+    "cache_store": (
+        "redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster",
+        "rediss+cluster", "ssdb", "memory",
+    ),
 }
-# Read after the REFERENCE_ENV name. Envoy Gateway mounts its CA as GRPC_SERVER_TLS_CA_CERT, a
-# name the reference never reads: rls honours it as the client CA (mTLS; docs/admin.md).
-REFERENCE_ENV_FALLBACK = {"grpc_tls_client_ca": "GRPC_SERVER_TLS_CA_CERT"}
+
+
+# The reference's (logrus) level names that have a Python equivalent.
+LOG_LEVEL_ALIASES = {"warn": "warning", "trace": "debug", "fatal": "critical", "panic": "critical"}
+
+# What answers a call the store could not decide (--failure-mode, a domain's `failure_mode`):
+# allow (OK), deny (OVER_LIMIT), or error (gRPC UNAVAILABLE, so that the caller's own failure
+# mode decides: Envoy's failure_mode_deny / Envoy Gateway's failClosed).
+FAILURE_MODES = ("allow", "deny", "error")
+
+# Closed sets of values, and lower bounds, checked by Settings.validate.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "failure_mode": FAILURE_MODES,
+    "log_format": ("text", "json"),
+    "loop": ("auto", "uvloop", "asyncio"),
+    "log_level": ("debug", "info", "warning", "error", "critical"),
+    "config_type": ("FILE", "GRPC_XDS_SOTW"),
+    "tracing_protocol": ("http", "grpc"),
+}
+MINIMUM: dict[str, float] = {
+    "workers": 1,
+    "worker_max_failures": 1,
+    "backend_timeout_ms": 1,
+    "breaker_threshold": 1,
+    "probe_interval_ms": 1,
+    "probe_timeout_ms": 1,
+    "overload_cap_ms": 1,
+    "max_inflight": 1,
+    "memory_max_bytes": 1 << 20,
+    "deadline_margin_ms": 0,
+    "reload_interval": 0,
+    "shutdown_delay_ms": 0,
+    "drain_seconds": 0,
+    "max_descriptors": 1,
+    "max_entries": 1,
+    "max_value_bytes": 1,
+    "max_request_bytes": 1,
+    "decision_log_max_bytes": 1024,
+    "max_concurrent_streams": 1,
+    "xds_connect_retry_interval": 0.001,
+    "xds_backoff_initial": 0.001,
+    "xds_backoff_max": 0.001,
+    "xds_backoff_random_factor": 0,
+    "xds_max_msg_bytes": 0,
+}
+# Upper bounds, checked by Settings.validate like MINIMUM: a huge value is a typo, and past a
+# C int grpc's channel arguments overflow (a traceback), a socket timeout or a sleep overflows
+# (a probe thread that never returns, so SIGTERM hangs) and `--workers` allocates a slot per
+# worker before starting any. Settings of MINIMUM not named here are capped at INT32_MAX.
+INT32_MAX = 2**31 - 1
+MAXIMUM: dict[str, float] = {
+    "workers": 1024,
+    "memory_max_bytes": 1 << 50,
+    "decision_log_max_bytes": 1 << 50,
+    "max_request_bytes": 256 << 20,  # grpc's own ceiling is 4 x this + 64 KiB, a C int
+    "reload_interval": 86400,
+    "drain_seconds": 86400,
+    "xds_connect_retry_interval": 86400,
+    "xds_backoff_initial": 86400,
+    "xds_backoff_max": 86400,
+}
+# Settings given as durations: seconds, or Go's forms (`10s`, `1m30s`, `500ms`), as the
+# reference's variables are written (rls.settings.forms.parse_duration).
+DURATIONS = frozenset(
+    {"xds_connect_retry_interval", "xds_backoff_initial", "xds_backoff_max"}
+)
 
 
 @dataclass(slots=True)
@@ -180,8 +201,8 @@ class Settings:
     prometheus_addr: str = ""
     prometheus_path: str = "/metrics"
     # Also serve envoyproxy/ratelimit's series (its default statsd mapping's names and labels,
-    # rls.reference_metrics): what Envoy Gateway's dashboard reads. `/bin/ratelimit` turns it
-    # on with USE_PROMETHEUS=true.
+    # rls.observability.reference_metrics): what Envoy Gateway's dashboard reads.
+    # `/bin/ratelimit` turns it on with USE_PROMETHEUS=true.
     reference_metrics: bool = False
     # Config over xDS (rls/config/xds, docs/configuration.md): FILE reads --config;
     # GRPC_XDS_SOTW takes every domain from a control plane's ADS stream instead.
@@ -206,8 +227,8 @@ class Settings:
     force_start_without_initial_config: bool = False
     # Health says not serving until a config with at least one domain is in force.
     healthy_with_at_least_one_config_loaded: bool = False
-    # TLS on every gRPC listener (rls/tls.py): certificate and key files, re-read when they
-    # change. A client CA makes client certificates required (mTLS); a SAN, that name in them.
+    # TLS on every gRPC listener (grpc_access/tls.py): certificate and key files, re-read when
+    # they change. A client CA makes client certificates required (mTLS); a SAN, that name in them.
     grpc_tls: bool = False
     grpc_tls_cert: str = ""
     grpc_tls_key: str = ""
@@ -372,14 +393,6 @@ class SettingError(ValueError):
         self.message = message
 
 
-def env_source(name: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
-    """(variable, value) of the environment variable a setting is read from, if any is set."""
-    env = os.environ if environ is None else environ
-    for var in (f"RLS_{name.upper()}", REFERENCE_ENV.get(name), REFERENCE_ENV_FALLBACK.get(name)):
-        if var is not None and var in env:
-            return var, env[var]
-    return None
-
 
 def is_loopback(addr: str) -> bool:
     """Whether a `host:port` listen address is reachable from this host only."""
@@ -391,114 +404,3 @@ def is_loopback(addr: str) -> bool:
     except ValueError:  # empty (all interfaces) or a host name: assume reachable
         return False
 
-
-def env_value(name: str, environ: dict[str, str] | None = None) -> str | None:
-    env = os.environ if environ is None else environ
-    value = env.get(f"RLS_{name.upper()}")
-    if value is None and name in REFERENCE_ENV:
-        value = env.get(REFERENCE_ENV[name])
-    if value is None and name in REFERENCE_ENV_FALLBACK:
-        value = env.get(REFERENCE_ENV_FALLBACK[name])
-    return value
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
-
-
-# The process environment beyond the Settings fields. Every read of os.environ in rls is in
-# this module (issue 32), so what a deployment can set is found in one place; a module that
-# needs a variable calls one of these functions. Writing a child process's environment (the
-# supervisor's workers, the demo's children) stays where the child is started.
-
-ADMIN_TOKEN_ENV = "RLS_ADMIN_TOKEN"
-QUOTA_ENV_PREFIX = "RLS_QUOTA_"
-# The supervisor -> worker protocol of `--workers` (written by rls.workers.supervise).
-WORKER_ENV = "RLS_WORKER_INDEX"  # the worker's slot, in its log lines
-SHARED_DIR_ENV = "RLS_SHARED_DIR"  # the supervisor's directory: status, readiness, metrics
-SUPERVISOR_FD_ENV = "RLS_SUPERVISOR_FD"  # read end of the pipe that tells a worker its parent died
-DRAIN_BUDGET_ENV = "RLS_DRAIN_BUDGET"  # seconds a worker may take to drain once orphaned
-# prometheus_client's multiprocess mode (set for the workers by the supervisor).
-MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
-
-
-def process_env() -> Mapping[str, str]:
-    """The whole environment, for a module that translates all of it (rls.reference_env)."""
-    return os.environ
-
-
-def env_text(name: str) -> str:
-    """One variable read by a library rather than by a Settings field (OTEL_BSP_*, which rls
-    checks before the OpenTelemetry SDK reads them), stripped; "" when unset."""
-    return os.environ.get(name, "").strip()
-
-
-def quiet_grpc_core() -> None:
-    """GRPC_VERBOSITY=ERROR for this process (and its workers) unless the user set it; called
-    before grpc is imported, as grpc-core reads it once. At grpc's default, every failed TLS
-    handshake writes an INFO line to stderr: an unreachable control plane, retried every 3 s,
-    is 20 lines a minute beside rls's own line, which says once a minute what to fix."""
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
-
-def env_with_prefix(prefix: str) -> dict[str, str]:
-    """Every variable whose name starts with `prefix` (OTEL_EXPORTER_OTLP_*, REDIS_*: read
-    whole by what translates them)."""
-    return {k: v for k, v in os.environ.items() if k.startswith(prefix)}
-
-
-def admin_token() -> str | None:
-    """RLS_ADMIN_TOKEN: the admin API's bearer token, checked by the listener and sent by the
-    admin clients (rls counters, rls top ...); unset or empty is None (no token)."""
-    return os.environ.get(ADMIN_TOKEN_ENV) or None
-
-
-def quota_unmatched() -> str:
-    """RLS_QUOTA_UNMATCHED: the answer to an RLQS bucket no rule matches (allow | deny; the
-    quota service rejects anything else, naming the variable)."""
-    return os.environ.get(QUOTA_ENV_PREFIX + "UNMATCHED", "allow")
-
-
-def quota_bound_texts(
-    names: Iterable[str], environ: Mapping[str, str] | None = None
-) -> dict[str, tuple[str, str]]:
-    """name -> (variable, text) of each quota-mode bound set as RLS_QUOTA_<NAME>; the bounds'
-    own module (rls.quota.bounds) parses and checks them."""
-    env = os.environ if environ is None else environ
-    found: dict[str, tuple[str, str]] = {}
-    for name in names:
-        var = QUOTA_ENV_PREFIX + name.upper()
-        if var in env:
-            found[name] = (var, env[var])
-    return found
-
-
-def worker_index() -> str | None:
-    """This process's slot under `--workers` (None outside a worker)."""
-    return os.environ.get(WORKER_ENV)
-
-
-def shared_dir() -> str | None:
-    """The supervisor's shared directory; set only in a `--workers` worker."""
-    return os.environ.get(SHARED_DIR_ENV)
-
-
-def supervisor_fd() -> int | None:
-    """The pipe a worker watches for its supervisor's death (None outside a worker)."""
-    raw = os.environ.get(SUPERVISOR_FD_ENV)
-    return int(raw) if raw else None
-
-
-def worker_drain_budget(default: float) -> float:
-    """Seconds an orphaned worker may drain before it exits by force."""
-    return float(os.environ.get(DRAIN_BUDGET_ENV, default))
-
-
-def metrics_multiprocess() -> bool:
-    """Whether prometheus_client's multiprocess mode is on (metrics summed over workers)."""
-    return bool(os.environ.get(MULTIPROC_DIR_ENV))

@@ -50,7 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rls.settings import (
+from prometheus_client import multiprocess
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from rls.settings.environment import (
     DRAIN_BUDGET_ENV,
     MULTIPROC_DIR_ENV,
     SHARED_DIR_ENV,
@@ -348,8 +351,6 @@ class WorkersCollector:
     """/metrics families of the supervisor's slots (read from its status file)."""
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         status = read_status()
         up = GaugeMetricFamily(
             "rls_worker_up", "1 while the worker slot has a running process", labels=["worker"]
@@ -397,8 +398,6 @@ def watch_supervisor() -> threading.Thread | None:
 
 
 def _mark_dead(pid: int) -> None:
-    from prometheus_client import multiprocess
-
     try:
         multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
     except Exception:

@@ -23,23 +23,24 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from rls.admin.client import HttpFailure, call
-from rls.settings import admin_token
+from rls.cli import admin_client
+from rls.cli.admin_client import HttpFailure, add_admin_options
+from rls.cli.command import Call, SubParsers
 
+NAME = "top"
 CLEAR = "\x1b[H\x1b[2J"
 
 
-def add_parser(sub: Any, admin_default: str) -> None:
-    """Register `rls top` on the CLI's subparsers."""
-    top = sub.add_parser("top", help="descriptors over / near their limits now (like top)")
-    top.add_argument("--admin", default=admin_default, help="admin API base URL")
+def add_parser(sub: SubParsers) -> argparse.ArgumentParser:
+    top = sub.add_parser(NAME, help="descriptors over / near their limits now (like top)")
+    add_admin_options(top)
     top.add_argument("--domain", help="only this domain")
     top.add_argument("--sort", choices=["over", "near"], default="over")
     top.add_argument("--window", choices=["1m", "5m"], default="1m")
     top.add_argument("--limit", type=int, default=20, help="rows per domain")
     top.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     top.add_argument("--once", action="store_true", help="print once and exit (for scripts)")
-    top.add_argument("--token", help="admin bearer token (default: env RLS_ADMIN_TOKEN)")
+    return top
 
 
 def fetch(args: argparse.Namespace) -> tuple[int, Any]:
@@ -47,9 +48,9 @@ def fetch(args: argparse.Namespace) -> tuple[int, Any]:
     query = {"sort": args.sort, "window": args.window, "limit": str(args.limit)}
     if args.domain:
         query["domain"] = args.domain
-    token = args.token or admin_token()
+    path = "/top?" + urllib.parse.urlencode(query)
     try:
-        return 200, call(args.admin, "/top?" + urllib.parse.urlencode(query), token=token)
+        return 200, admin_client.call(args.admin, path, token=args.token)
     except HttpFailure as exc:
         return exc.status, {"error": str(exc).split(": ", 1)[-1]}
 
@@ -124,7 +125,8 @@ def quit_pressed(stream: TextIO, seconds: float) -> bool:
     return bool(ready) and b"q" in os.read(stream.fileno(), 64).lower()
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def watch(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """The table every --interval seconds until `q` (or once, with --once)."""
     if args.once:
         return _show(args, out)
     with keys(sys.stdin) as interactive:
@@ -158,8 +160,8 @@ def _show(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if status == 200 else 1
 
 
-def main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, call: Call) -> int:
     try:
-        return run(args)
+        return watch(args)
     except KeyboardInterrupt:
         return 0

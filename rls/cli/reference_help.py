@@ -1,10 +1,10 @@
 """envoyproxy/ratelimit's variables explained to the operator, by who reads them.
 
-Two readers: the `ratelimit` entry (`/bin/ratelimit`) reads every variable rls.reference_env
-honours, and `rls serve` reads the subset that rls.settings maps to its settings (plus the
-REDIS_URL shapes and, with tracing, the OpenTelemetry SDK's OTEL_*). What only the entry reads
-(its ENTRY_ENV: listeners, the runtime directory, the Prometheus listener) `rls serve` takes as
-flags instead. From those same tables this module derives `ratelimit --help`'s list (grouped
+Two readers: the `ratelimit` entry (`/bin/ratelimit`) reads every variable
+rls.settings.reference_env honours, and `rls serve` reads the subset that rls.settings maps to
+its settings (plus the REDIS_URL shapes and, with tracing, the OpenTelemetry SDK's OTEL_*). What
+only the entry reads (its ENTRY_ENV: listeners, the runtime directory, the Prometheus listener)
+`rls serve` takes as flags instead. From those same tables this module derives `ratelimit --help`'s list (grouped
 by reader, each variable with its default) and `rls serve`'s start-up line naming the
 reference variables it was given and does not read, so that neither stays silent.
 """
@@ -16,7 +16,9 @@ import textwrap
 from collections.abc import Mapping
 from dataclasses import fields
 
-from rls.reference_env import (
+from rls.settings import Settings
+from rls.settings.environment import REFERENCE_ENV, REFERENCE_ENV_FALLBACK
+from rls.settings.reference_env import (
     DOCS,
     ENTRY_ENV,
     FOLLOWS,
@@ -24,7 +26,6 @@ from rls.reference_env import (
     REFERENCE_VARIABLES,
     honoured,
 )
-from rls.settings import REFERENCE_ENV, REFERENCE_ENV_FALLBACK, Settings
 
 HELP_SECTION = f"{DOCS}#what-binratelimit-reads"
 WIDTH = 100
@@ -84,7 +85,8 @@ def _flag(name: str) -> str:
 def _settings_lines() -> list[tuple[str, str]]:
     """(variable, what it sets) of every variable rls.settings maps, sorted by name (which
     keeps CONFIG_GRPC_XDS_*, GRPC_*, REDIS_*, TRACING_* together)."""
-    from rls.cli_flags import FLAGS  # its table of help texts, loaded only for --help
+    # rls.cli.serve imports this module (serve_note): its help texts are read on use.
+    from rls.cli.serve import FLAGS
 
     setting_of = _setting_of()
     out = []

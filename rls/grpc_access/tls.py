@@ -9,13 +9,13 @@ Files are re-read when their directory changes (watchfiles; that includes Kubern
 a mounted Secret's `..data` symlink) and at least every POLL_SECONDS (volumes without inotify).
 A new set that does not load (unreadable, not PEM, key not matching the certificate) is refused
 with one log line and the set in force stays; at start the same problem ends `rls serve` with
-exit 2 naming the file (cli.startup_problem).
+exit 2 naming the file (rls.cli.serve.startup_problem).
 
 Client certificates (a client CA set) are required and verified in the handshake, so a client
 without one, with one from another CA or expired is refused before any call. grpc cannot check
 a SAN in the handshake: with a required SAN every call but health checks the peer's certificate
 (grpc's auth context) and one without that SAN is refused UNAUTHENTICATED, and counted
-(rls/tls_refusals.py). A failed handshake is the client's to count (Envoy's cluster stats).
+(tls_refusals.py). A failed handshake is the client's to count (Envoy's cluster stats).
 """
 
 from __future__ import annotations
@@ -33,13 +33,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from rls.settings import (
-    REFERENCE_ENV,
-    REFERENCE_ENV_FALLBACK,
-    Settings,
-    env_source,
-)
-from rls.tls_refusals import REASONS, guarded
+from rls.grpc_access.tls_refusals import REASONS, guarded
+from rls.settings import Settings
+from rls.settings.environment import REFERENCE_ENV, REFERENCE_ENV_FALLBACK, env_source
 
 log = logging.getLogger("rls.tls")
 
@@ -330,7 +326,7 @@ def start_tls(settings: Settings, registry: CollectorRegistry) -> GrpcTls | None
         return None
     try:
         tls = GrpcTls(settings, registry)
-    except TlsFileError as exc:  # changed since cli.startup_problem read them
+    except TlsFileError as exc:  # changed since `rls serve`'s start-up check read them
         raise SystemExit(f"rls: {exc}") from None
     log.info("%s", tls.describe())
     return tls

@@ -1,8 +1,8 @@
 """`rls check-config`: every config file checked offline, each kind by its own rules.
 
 Descriptor files, response cache rules and frequency counters configs are told apart (see the
-sub-command's description) or named by a flag; `rls serve` uses empty_directories too, for its
-start-up warning and --strict refusal.
+sub-command's description) or named by a flag; `rls serve` (rls.cli.serve) uses
+empty_directories too, for its start-up warning and --strict refusal.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
+from rls.cli.command import Call, SubParsers
 from rls.config.errors import ConfigError, ConfigWarning
 from rls.config.key_wildcards import offline_notes
 from rls.config.loader import discover, load_files, read_text, yaml_files_under
@@ -21,11 +21,12 @@ from rls.frequency.model import is_counters_doc
 from rls.frequency.model import load_config as load_counters_config
 from rls.response_cache import check_cache_file, is_cache_file
 
+NAME = "check-config"
 
-def add_parser(sub: Any) -> None:
-    """The `check-config` sub-command on `rls`'s sub-parsers."""
+
+def add_parser(sub: SubParsers) -> argparse.ArgumentParser:
     check = sub.add_parser(
-        "check-config", help="validate descriptor, cache rules and counters config files",
+        NAME, help="validate descriptor, cache rules and counters config files",
         description="Validate config files offline, each kind by its own rules. A file given "
         "as a path is a cache rules file when it has `rules:` (or is a list of `api:` items), a "
         "counters config when it has counters fields (default_timezone, domains, stale_cache, "
@@ -62,6 +63,7 @@ def add_parser(sub: Any) -> None:
         help="warnings (repeated YAML key, rate_limit without requests_per_unit, empty "
         "directory) fail the check (default off)",
     )
+    return check
 
 
 def _quiet(_message: str) -> None:
@@ -162,11 +164,10 @@ def check_config(paths: Sequence[str], merge_domains: bool, strict: bool = False
     return 1 if errors else 0
 
 
-def command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Run `rls check-config` as parsed; no file named at all is a usage error."""
+def run(args: argparse.Namespace, call: Call) -> int:
+    """`rls check-config` as parsed; no file named at all is a usage error."""
     paths = [*args.paths, *args.config_paths]
     if not (paths or args.cache_paths or args.counters_paths):
-        parser.error("check-config: give the files or directories to check "
-                     "(paths, or --config PATH)")
+        call.parser.error("give the files or directories to check (paths, or --config PATH)")
     return check_config(paths, args.merge_domains, args.strict, args.cache_paths,
                         args.counters_paths, args.every_file)

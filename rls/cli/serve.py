@@ -1,27 +1,47 @@
-"""`rls serve`'s flags: one per Settings field, each also read from its environment variables.
+"""`rls serve`: its flags, and from them to a running service.
 
-The help table (FLAGS), the flags it adds to the `serve` parser, and the way back: parsed flags,
-then `RLS_<NAME>` / the reference's variable (rls.settings.env_source), then the default, into
-a validated Settings. A bad value is one line naming the flag or variable it came from.
+One flag per Settings field in FLAGS (name -> help), each also read from its environment
+variables: parsed flags, then `RLS_<NAME>` / the reference's variable
+(rls.settings.environment.env_source), then the default, into a validated Settings; a bad value
+is one line naming the flag or variable it came from. Then the start-up checks
+(`startup_problem`: nothing is set up while one fails), logging, and one process
+(rls.process.server) or, with `--workers N`, the supervisor of N (rls.process.workers).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
+import sys
 from dataclasses import fields
 
+from rls.cli.check_config import empty_directories
+from rls.cli.command import Call, SubParsers
+from rls.cli.reference_help import serve_note
+from rls.config.errors import ConfigError
+from rls.config.loader import load_paths, missing_reason
+from rls.config.reload import check_config_command, problems_line
 from rls.config.xds.options import XDS_FLAGS
-from rls.setting_rules import CHOICES, DURATIONS, LOG_LEVEL_ALIASES
-from rls.settings import (
+from rls.event_loop import loop_factory
+from rls.grpc_access.tls import startup_problem as tls_startup_problem
+from rls.observability.logs import setup_logging
+from rls.process.workers import supervise
+from rls.settings import SettingError, Settings
+from rls.settings.environment import (
     REFERENCE_ENV,
     REFERENCE_ENV_FALLBACK,
-    SettingError,
-    Settings,
     env_source,
     env_value,
-    parse_bool,
+    process_env,
+    worker_index,
 )
-from rls.value_forms import parse_duration
+from rls.settings.forms import parse_bool, parse_duration
+from rls.settings.model import CHOICES, DURATIONS, LOG_LEVEL_ALIASES
+from rls.tracing import startup_problem as tracing_startup_problem
+
+NAME = "serve"
 
 # Settings exposed as flags: name -> help. Every flag also reads RLS_<NAME>.
 FLAGS = {
@@ -129,8 +149,9 @@ def env_names(name: str) -> str:
     return " or ".join(names)
 
 
-def add_serve_flags(serve: argparse.ArgumentParser) -> None:
+def add_parser(sub: SubParsers) -> argparse.ArgumentParser:
     """`--config` and one flag per FLAGS entry; a flag not given is None (then env, default)."""
+    serve = sub.add_parser(NAME, help="run the service")
     serve.add_argument(
         "--config",
         action="append",
@@ -152,6 +173,7 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
                 metavar="|".join(CHOICES[name]) if name in CHOICES else None,
                 help=f"{text} (default {shown}; env {env_names(name)})",
             )
+    return serve
 
 
 def _typed(name: str, value: object, source: str) -> object:
@@ -205,3 +227,127 @@ def settings_from(args: argparse.Namespace) -> Settings:
     except SettingError as exc:
         raise ValueError(f"{sources.get(exc.name, flag(exc.name))}: {exc.message}") from None
     return settings
+
+
+def startup_problem(settings: Settings) -> str | None:
+    """Why `rls serve` must not start (one line), before anything is set up; None if it can.
+
+    Without --allow-empty-config a service with no limits is a mistake, not a mode: no
+    --config, a missing path or (with --strict) an empty directory stops it here.
+    """
+    if settings.cache_config and not os.path.isfile(settings.cache_config):
+        what = "not a regular file" if os.path.exists(settings.cache_config) else "no such file"
+        return f"--cache-config: {settings.cache_config}: {what}"
+    tls_problem = tls_startup_problem(settings)
+    if tls_problem is not None:
+        return tls_problem
+    tracing_problem = tracing_startup_problem(settings)
+    if tracing_problem is not None:
+        return tracing_problem
+    if settings.allow_empty_config or settings.config_type == "GRPC_XDS_SOTW":
+        return None
+    if not settings.config:
+        return (
+            "no descriptor config: pass --config PATH (env RLS_CONFIG), "
+            "or --allow-empty-config to start without limits"
+        )
+    for path in settings.config:
+        if not os.path.exists(path):
+            return f"--config: {path}: {missing_reason(path)}"
+    if settings.strict:
+        for warning in empty_directories(settings.config, settings.config_all_files):
+            return f"--config: {warning.file}: {warning.message} (--strict)"
+    return None
+
+
+def run(args: argparse.Namespace, call: Call) -> int:
+    """Settings, the start-up checks, logging, then one process or the workers."""
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        print(f"rls: {exc}", file=sys.stderr)
+        return 2
+    problem = startup_problem(settings)
+    if problem is not None:
+        print(f"rls: {problem}", file=sys.stderr)
+        return 2
+    setup_logging(
+        settings.log_level, settings.log_format, "supervisor" if settings.workers > 1 else None
+    )
+    log = logging.getLogger("rls")
+    notes = _reference_notes() if call.notes is None else call.notes
+    for level, note in notes:
+        log.log(level, "%s", note)
+    for warning in empty_directories(settings.config, settings.config_all_files):
+        log.warning("%s", warning)
+    if settings.workers > 1:
+        return _supervise(settings, list(call.argv))
+    # Lazy: the server's imports (aiohttp, every service, the response cache) take seconds on
+    # a loaded host, and only a serving process needs them: not the other sub-commands, not
+    # the --workers supervisor.
+    from rls.process.server import serve
+
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(settings.loop)) as runner:
+            return runner.run(serve(settings))
+    except KeyboardInterrupt:
+        return 0
+
+
+def _reference_notes() -> list[tuple[int, str]]:
+    """`rls serve`'s line naming the reference variables set and not read; a `--workers`
+    worker leaves it to its supervisor, which logged it once."""
+    if worker_index() is not None:
+        return []
+    note = serve_note(process_env())
+    return [] if note is None else [note]
+
+
+def _without_workers(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--workers":
+            skip = True
+            continue
+        if arg.startswith("--workers="):
+            continue
+        out.append(arg)
+    return out
+
+
+def _workers_problem(settings: Settings) -> tuple[int, str] | None:
+    """(exit code, line) when `--workers` must not start: checked once here, as a worker that
+    cannot load the config would exit and be restarted forever by the supervisor."""
+    try:
+        config = load_paths(settings.config, settings.merge_domains,
+                            every_file=settings.config_all_files)
+    except ConfigError as exc:
+        command = check_config_command(settings.config, settings.merge_domains, settings.strict,
+                                       settings.config_all_files)
+        return 1, (f"cannot start: the config does not load: {problems_line(exc)} "
+                   f"(every problem: {command})")
+    xds = settings.config_type == "GRPC_XDS_SOTW"  # each worker gets its own stream
+    if not config.domains and not settings.allow_empty_config and not xds:
+        return 1, "no domain loaded (0 descriptor files)"
+    if not settings.redis_url:
+        return 2, ("--workers > 1 needs --redis-url: the memory backend is per process and "
+                   "would multiply every limit by the number of workers")
+    return None
+
+
+def _supervise(settings: Settings, argv: list[str]) -> int:
+    """`--workers N`: the supervisor, restarting `rls serve --workers 1` processes."""
+    problem = _workers_problem(settings)
+    if problem is not None:
+        code, line = problem
+        print(f"rls: {line}", file=sys.stderr)
+        return code
+    budget = settings.shutdown_delay_ms / 1000 + settings.drain_seconds + 5.0
+    return supervise(
+        _without_workers(argv), settings.workers, budget,
+        max_failures=settings.worker_max_failures,
+    )

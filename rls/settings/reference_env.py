@@ -26,8 +26,8 @@ and returns the `rls serve` command line they mean, plus the lines rls logs at s
 
 An `RLS_<NAME>` variable still wins over what the reference's variables say (no flag is passed
 for it). Variables of the reference that rls reads nowhere are listed in one start-up line;
-what is read is derived from rls.settings.REFERENCE_ENV (and its REFERENCE_ENV_FALLBACK) plus
-this module's ENTRY_ENV, so a variable mapped there later leaves the line by itself.
+what is read is derived from REFERENCE_ENV and REFERENCE_ENV_FALLBACK (rls.settings.environment)
+plus this module's ENTRY_ENV, so a variable mapped there later leaves the line by itself.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rls.settings import REFERENCE_ENV, REFERENCE_ENV_FALLBACK, parse_bool, process_env
+from rls.settings.environment import REFERENCE_ENV, REFERENCE_ENV_FALLBACK, process_env
+from rls.settings.forms import parse_bool
 
 # Every variable envoyproxy/ratelimit reads (src/settings/settings.go), plus what Envoy Gateway
 # sets beside them: GRPC_SERVER_TLS_CA_CERT (no reference setting has that name) and the
@@ -137,7 +138,7 @@ def ignored(environ: Mapping[str, str]) -> list[str]:
 
 
 def xds_supported() -> bool:
-    """Whether rls.settings reads CONFIG_TYPE (the xDS config client is built in)."""
+    """Whether the settings read CONFIG_TYPE (the xDS config client is built in)."""
     return "CONFIG_TYPE" in REFERENCE_ENV.values()
 
 

@@ -6,7 +6,7 @@ import json
 import logging
 import time
 
-from rls.settings import worker_index
+from rls.settings.environment import worker_index
 
 
 class JsonFormatter(logging.Formatter):

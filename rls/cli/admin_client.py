@@ -1,25 +1,42 @@
-"""Thin clients of the admin API for the CLI (`rls counters`, `usage`, `switches`, `cache purge`).
+"""The one client of the admin API, shared by the sub-commands that call it (`rls counters`,
+`usage`, `switches`, `cache`, `top`).
 
-One style for all of them: the answer as JSON on stdout and exit 0 on success; on failure one
-line `rls <command>: …` on stderr and a non-zero exit (1: the admin API said no, with its HTTP
-status and error; 2: it could not be reached or the arguments were bad).
+One style for all of them: `--admin` and `--token` alike (`add_admin_options`); the answer as
+JSON on stdout and exit 0 on success (`report`); on failure one line `rls <command>: …` on
+stderr and a non-zero exit (1: the admin API said no, with its HTTP status and error; 2: it
+could not be reached or the arguments were bad).
 """
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
-import re
 import sys
 import urllib.error
-import urllib.parse
 import urllib.request
-from collections.abc import Sequence
 from typing import Any
 
-from rls.settings import admin_token
+from rls.settings.environment import admin_token, env_value
 
+ADMIN_URL_DEFAULT = "http://127.0.0.1:8080"
 TOKEN_HINT = "pass --token or set RLS_ADMIN_TOKEN"
+
+
+def add_admin_options(parser: argparse.ArgumentParser) -> None:
+    """`--admin` and `--token`, the same for every sub-command that calls the admin API."""
+    parser.add_argument(
+        "--admin",
+        "--admin-url",
+        dest="admin",
+        default=env_value("admin_url") or ADMIN_URL_DEFAULT,
+        help=f"admin API base URL (default {ADMIN_URL_DEFAULT}; env RLS_ADMIN_URL)",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="bearer token of the admin API (default: env RLS_ADMIN_TOKEN)",
+    )
 
 
 class HttpFailure(Exception):
@@ -28,25 +45,6 @@ class HttpFailure(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
-
-
-def parse_descriptor(text: str) -> dict[str, Any]:
-    """`app=42,user=alice` -> {"entries": [{"key": "app", "value": "42"}, ...]}.
-
-    A value may contain commas: escaped (`path=/a\\,b`), or simply followed by text with no
-    `=` (`tags=a,b,app=1` -> tags="a,b", app="1").
-    """
-    entries: list[dict[str, str]] = []
-    for part in re.split(r"(?<!\\),", text):
-        part = part.replace("\\,", ",")
-        key, sep, value = part.partition("=")
-        if not sep and entries:
-            entries[-1]["value"] += "," + part
-            continue
-        if not key or not sep:
-            raise ValueError(f"descriptor entries are key=value, got {part!r}")
-        entries.append({"key": key, "value": value})
-    return {"entries": entries}
 
 
 def call(
@@ -106,8 +104,9 @@ def _error_text(payload: dict[str, Any], raw: str) -> str:
     return text
 
 
-def run(command: str, admin: str, path: str, body: Any | None, token: str | None,
-         method: str | None = None) -> int:
+def report(command: str, admin: str, path: str, body: Any | None, token: str | None,
+           method: str | None = None) -> int:
+    """One admin call of `rls <command>`, its answer printed; the exit status (see above)."""
     try:
         payload = call(admin, path, body, token, method)
     except HttpFailure as exc:
@@ -117,44 +116,6 @@ def run(command: str, admin: str, path: str, body: Any | None, token: str | None
         return fail(command, str(exc))
     print(json.dumps(payload, indent=2))
     return 0
-
-
-def counters(admin: str, domain: str, descriptors: Sequence[str], token: str | None = None) -> int:
-    body = {"domain": domain, "descriptors": [parse_descriptor(d) for d in descriptors]}
-    return run("counters", admin, "/counters", body, token)
-
-
-def add(
-    admin: str, domain: str, descriptors: Sequence[str], hits: int, token: str | None = None
-) -> int:
-    item: dict[str, Any] = {
-        "domain": domain,
-        "descriptors": [parse_descriptor(d) for d in descriptors],
-    }
-    if hits:
-        item["hitsAddend"] = hits
-    return run("counters", admin, "/add", {"items": [item]}, token)
-
-
-def usage(
-    admin: str, domain: str, values: Sequence[str], day: str | None, distinct: str | None,
-    token: str | None = None,
-) -> int:
-    query: dict[str, str] = {"domain": domain}
-    if day:
-        query["day"] = day
-    if distinct:
-        query["distinct"] = distinct
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not key or not sep:
-            raise ValueError(f"statistic keys are key=value, got {item!r}")
-        query[key] = value
-    return run("usage", admin, "/usage?" + urllib.parse.urlencode(query), None, token)
-
-
-def switches(admin: str, changes: dict[str, Any], token: str | None = None) -> int:
-    return run("switches", admin, "/switches", changes or None, token)
 
 
 def fail(command: str, message: str) -> int:

@@ -24,8 +24,9 @@ the two sets of numbers cannot drift apart. The default mapping, reproduced here
 - `ratelimit.service.config_load_<result>` -> `ratelimit_service_config_load_<result>`.
 
 The stats key splits on its dots exactly as the reference's statsd name does, because rls's
-`key` label is the stats key as the reference's stat names carry it (rls.metrics.stat_label:
-`:`, `|` and the dots of IPv4 addresses already written `_`). So the labels, and their
+`key` label is the stats key as the reference's stat names carry it
+(rls.observability.metrics.stat_label: `:`, `|` and the dots of IPv4 addresses already
+written `_`). So the labels, and their
 number, are the reference's: keys, and request values only where `detailed_metric` /
 `value_to_metric` put them in the name.
 
@@ -40,7 +41,7 @@ from collections.abc import Iterable, Sequence
 
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 
-from rls.metrics import FAILURE_REASONS, REQUEST_ERROR_REASONS
+from rls.observability.metrics import FAILURE_REASONS, REQUEST_ERROR_REASONS
 
 # The reference's per-limit stats, each kept by rls under `rls_limit_<stat>{key}`.
 PER_LIMIT_STATS = ("near_limit", "over_limit", "total_hits", "within_limit", "shadow_mode")
