@@ -4,9 +4,10 @@ Two readers: the `ratelimit` entry (`/bin/ratelimit`) reads every variable
 rls.settings.reference_env honours, and `rls serve` reads the subset that rls.settings maps to
 its settings (plus the REDIS_URL shapes and, with tracing, the OpenTelemetry SDK's OTEL_*). What
 only the entry reads (its ENTRY_ENV: listeners, the runtime directory, the Prometheus listener)
-`rls serve` takes as flags instead. From those same tables this module derives `ratelimit --help`'s list (grouped
-by reader, each variable with its default) and `rls serve`'s start-up line naming the
-reference variables it was given and does not read, so that neither stays silent.
+`rls serve` takes as flags instead. From those same tables this module derives `ratelimit
+--help`'s list (grouped by reader, each variable with its default) and `rls serve`'s start-up
+line naming the reference variables it was given and does not read, so that neither stays
+silent.
 """
 
 from __future__ import annotations
