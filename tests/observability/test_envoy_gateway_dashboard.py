@@ -122,9 +122,15 @@ def test_the_dashboards_panels_and_the_error_alert_read_rls(tmp_path: Path) -> N
             else:
                 raise AssertionError("a call without a domain was answered")
             redis.stop()
-            # The store is away: the failure mode answers (redis_error). Another limit than
-            # the route's: that one is over, and the local over-limit cache would answer it.
-            route_call(channel, pairs=(("client", "a"),))
+            # The store is away: /bin/ratelimit answers UNAVAILABLE as the reference answers an
+            # error, and counts a redis_error. Another limit than the route's: that one is
+            # over, and the local over-limit cache would answer it.
+            try:
+                route_call(channel, pairs=(("client", "a"),))
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            else:
+                raise AssertionError("a call the store could not decide was answered")
 
         def shown() -> dict[str, float | None]:
             return {panel: panel_value(p, panel) for panel in PANELS}
