@@ -12,6 +12,7 @@ backends (default: the single `backend` fixture). It may be called more than onc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 
 from .harness import (
     GATEWAY_YAML,
+    HOUR,
     Backend,
     Envoy,
     Gateway,
@@ -66,3 +68,19 @@ def gateway_factory(
     yield start
     for envoy in started:
         envoy.stop()
+
+
+WINDOW_MARGIN = 20  # seconds; far more than one test takes
+
+
+@pytest.fixture
+def same_hour_window() -> Iterator[None]:
+    """The test's limits are epoch-aligned hour windows: do not straddle an hour's end (wait
+    for the next hour when fewer than WINDOW_MARGIN seconds are left, and check afterwards
+    that the window did not change)."""
+    left = HOUR - time.time() % HOUR
+    if left < WINDOW_MARGIN:
+        time.sleep(left + 0.5)  # a known wait for a clock boundary, not for readiness
+    start = int(time.time() // HOUR)
+    yield
+    assert int(time.time() // HOUR) == start, "test straddled an hour window boundary"

@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ENVOY_DIR = ROOT / "envoy"
 GATEWAY_YAML = ENVOY_DIR / "gateway.yaml"
 
+HOUR = 3600  # seconds: the window of the end-to-end tests' limits
+
 # Ports baked into envoy/gateway.yaml (the deployment defaults), by role.
 RLS_PORT = 8081
 BACKEND_PORT = 9001

@@ -1,21 +1,16 @@
 """A real Envoy 1.40 running envoy/gateway.yaml in front of `rls serve` and a recording backend.
 
-Limits are per hour: fixed windows are epoch-aligned, so the `same_window` fixture makes sure a
-test does not straddle an hour boundary (it waits for the boundary to pass when fewer than
-WINDOW_MARGIN seconds are left, and checks afterwards that the window did not change).
+Limits are per hour: fixed windows are epoch-aligned, so the `same_hour_window` fixture
+(conftest.py) makes sure a test does not straddle an hour boundary.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from .harness import Gateway, Response
-
-HOUR = 3600
-WINDOW_MARGIN = 20  # seconds; far more than one test takes
+from .harness import HOUR, Gateway, Response
 
 PER_PATH = 3  # ("user", id), ("path", :path)
 ITEMS = 10  # ("api", "items"), ("user", id)
@@ -48,18 +43,9 @@ descriptors:
 """
 
 
-@pytest.fixture
-def same_window() -> Iterator[None]:
-    left = HOUR - time.time() % HOUR
-    if left < WINDOW_MARGIN:
-        time.sleep(left + 0.5)  # a known wait for a clock boundary, not for readiness
-    start = int(time.time() // HOUR)
-    yield
-    assert int(time.time() // HOUR) == start, "test straddled an hour window boundary"
-
 
 @pytest.fixture
-def gw(gateway_factory, same_window) -> Gateway:
+def gw(gateway_factory, same_hour_window) -> Gateway:
     return gateway_factory(DESCRIPTORS)
 
 

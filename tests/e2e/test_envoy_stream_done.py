@@ -13,16 +13,12 @@ number of calls rls answered, never a sleep.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from .harness import Gateway, Response, wait_for
-
-HOUR = 3600
-WINDOW_MARGIN = 20  # seconds; far more than one test takes
+from .harness import HOUR, Gateway, Response, wait_for
 
 MAX_INFLIGHT = 2
 DOWNLOAD_BYTES = 1000
@@ -50,16 +46,6 @@ descriptors:
 
 CONFIG = "gateway-stream-done.yaml"
 
-
-@pytest.fixture
-def same_hour_window() -> Iterator[None]:
-    """The download budget is an epoch-aligned hour window: do not straddle its end."""
-    left = HOUR - time.time() % HOUR
-    if left < WINDOW_MARGIN:
-        time.sleep(left + 0.5)  # a known wait for a clock boundary, not for readiness
-    start = int(time.time() // HOUR)
-    yield
-    assert int(time.time() // HOUR) == start, "test straddled an hour window boundary"
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ every assertion about it polls rls's counter query, never a sleep.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,8 +37,6 @@ from .harness import (
     wait_for,
 )
 
-HOUR = 3600
-WINDOW_MARGIN = 20  # seconds; far more than one test takes
 WARMUP_TENANT = "warm-up"
 
 
@@ -51,16 +48,6 @@ descriptors:
     rate_limit: {{name: tokens_per_tenant, unit: hour, requests_per_unit: {budget}}}
 """
 
-
-@pytest.fixture
-def same_hour_window() -> Iterator[None]:
-    """The budget is an epoch-aligned hour window: do not straddle its end."""
-    left = HOUR - time.time() % HOUR
-    if left < WINDOW_MARGIN:
-        time.sleep(left + 0.5)  # a known wait for a clock boundary, not for readiness
-    start = int(time.time() // HOUR)
-    yield
-    assert int(time.time() // HOUR) == start, "test straddled an hour window boundary"
 
 
 @pytest.fixture(params=["memory", "redis"])
