@@ -4,7 +4,7 @@ logs it left: replay's decisions equal the live ones, request by request.
 Envoy writes a JSON access log with the format of docs/changing-limits.md (START_TIME and
 rls's `--dynamic-metadata`, i.e. the descriptors Envoy's own rate_limits actions produced);
 rls writes its `--decision-log`. Both are replayed with the same descriptors config. Limits
-are per hour (fixed windows): `same_window` keeps the test inside one.
+are per hour (fixed windows): `same_hour_window` keeps the test inside one.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rls.cli.main import parser
 from rls.cli.replay import outcome
 
 from .harness import Gateway, load_gateway, wait_for
-from .test_envoy_ratelimit import DESCRIPTORS, same_window  # noqa: F401 - a fixture
+from .test_envoy_ratelimit import DESCRIPTORS
 
 ACCESS_LOG_FORMAT = {
     "start_time": "%START_TIME%",
@@ -53,7 +53,7 @@ def replay(tmp_path: Path, log: Path) -> dict:
 
 
 def test_replaying_envoys_access_log_gives_the_live_decisions(
-    gateway_factory, same_window, tmp_path: Path  # noqa: F811
+    gateway_factory, same_hour_window, tmp_path: Path
 ) -> None:
     access_log = tmp_path / "access.jsonl"
     decisions = tmp_path / "decisions.jsonl"
