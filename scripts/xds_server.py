@@ -6,7 +6,7 @@ resource per descriptor YAML file, and pushes a new version to every connected c
 file changes (checked every second). An example to read and to try rls's xDS path with; a
 real deployment gets its resources from its control plane (Envoy Gateway, go-control-plane).
 
-    python scripts/xds_server.py --port 18000 config/example.yaml [more files or dirs]
+    python scripts/xds_server.py --port 18000 scripts/xds_example.yaml [more files or dirs]
 
     CONFIG_TYPE=GRPC_XDS_SOTW CONFIG_GRPC_XDS_SERVER_URL=127.0.0.1:18000 rls serve
 
