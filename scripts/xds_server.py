@@ -115,22 +115,32 @@ class Snapshots(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
                 stream.put(self._response())
         log.info("version %d: %d resource(s)", self.version, len(resources))
 
+    def _note(self, request: discovery_pb2.DiscoveryRequest,
+              out: queue.Queue[discovery_pb2.DiscoveryResponse]) -> None:
+        """Log an ACK or a NACK; answer a stream's first request with the current version."""
+        if request.HasField("error_detail"):
+            log.warning("node %s NACKed: %s", request.node.id, request.error_detail.message)
+        elif request.response_nonce:
+            log.info("node %s ACKed version %s", request.node.id, request.version_info)
+        else:
+            log.info("node %s connected", request.node.id)
+            with self.lock:
+                out.put(self._response())
+
     def StreamAggregatedResources(  # the gRPC method's name
         self, requests: Iterator[discovery_pb2.DiscoveryRequest], context: grpc.ServicerContext
     ) -> Iterator[discovery_pb2.DiscoveryResponse]:
         out: queue.Queue[discovery_pb2.DiscoveryResponse] = queue.Queue()
 
         def read() -> None:
-            for request in requests:
-                if request.HasField("error_detail"):
-                    log.warning("node %s NACKed: %s", request.node.id,
-                                request.error_detail.message)
-                elif request.response_nonce:
-                    log.info("node %s ACKed version %s", request.node.id, request.version_info)
-                else:
-                    log.info("node %s connected", request.node.id)
-                    with self.lock:
-                        out.put(self._response())
+            node = "?"
+            try:
+                for request in requests:
+                    node = request.node.id or node
+                    self._note(request, out)
+            except grpc.RpcError:  # the client went away: the stream ends, nothing to report
+                pass
+            log.info("node %s disconnected", node)
 
         threading.Thread(target=read, daemon=True).start()
         with self.lock:
@@ -189,7 +199,10 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     tls = credentials(args)
     snapshots = Snapshots()
-    snapshots.publish(load_resources(args.paths))
+    try:
+        snapshots.publish(load_resources(args.paths))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise SystemExit(f"xds_server.py: {exc}") from None
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(snapshots, server)
     address = f"{args.host}:{args.port}"

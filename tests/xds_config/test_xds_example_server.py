@@ -9,15 +9,19 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from conftest import ROOT
 from support.net import connectable, free_port
 from support.processes import stop_process
 from support.waiting import wait_until
+
+from rls.config.xds.convert import TYPE_URL
 
 from .calls import OK, OVER_LIMIT, decide
 from .test_xds_config import rlconfig
@@ -129,3 +133,41 @@ def test_the_documented_mtls_walk_gets_rls_its_config_and_refuses_a_client_witho
     assert "requires a client certificate" in rlconfig(without)["source"]["last_stream_error"][
         "error"]
     assert "ACKed" not in log_path.read_text().split("node default ACKed version 1", 1)[1]
+
+
+def test_the_example_server_refuses_a_file_with_rls_extensions_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "xds_server.py"), "--port", str(free_port()),
+         "config/example.yaml"], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("xds_server.py: config/example.yaml: "), done.stderr
+    assert '"charge"' in done.stderr, done.stderr
+
+
+def test_a_client_that_goes_away_is_one_log_line_for_the_example_server(
+    example_server: Callable[[list[str]], Path],
+) -> None:
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+
+    port = free_port()
+    log_path = example_server(["--port", str(port), "scripts/xds_example.yaml"])
+    wait_until(lambda: connectable(port), 15, "the example server", log_path.read_text)
+    hold = threading.Event()
+
+    def requests() -> Iterator[discovery_pb2.DiscoveryRequest]:
+        yield discovery_pb2.DiscoveryRequest(
+            node=base_pb2.Node(id="leaving"),
+            type_url=TYPE_URL)
+        hold.wait(30)  # the stream stays open until the client cancels it
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(
+            requests())
+        assert next(call).version_info == "1"
+        call.cancel()
+    hold.set()
+    wait_until(lambda: "node leaving disconnected" in log_path.read_text(), 15,
+               "the disconnect logged", log_path.read_text)
+    assert "Traceback" not in log_path.read_text()
