@@ -25,7 +25,7 @@ from rls.services.ratelimit import RateLimitService
 
 
 class AdminState:
-    """What the admin endpoints read; `draining` flips /healthcheck to 500 on shutdown."""
+    """What the admin endpoints read; `draining` flips /healthcheck to 503 on shutdown."""
 
     def __init__(
         self,
