@@ -117,10 +117,21 @@ def _stop(procs: list) -> None:
         p.proc.wait(10)
 
 
+def _same_hour() -> int:
+    """The fixed window is an epoch-aligned hour: a storm that straddled its end would admit
+    the limit twice. Wait for the next hour when less than a minute is left; the hour to check
+    against afterwards."""
+    left = 3600 - time.time() % 3600
+    if left < 60:
+        time.sleep(left + 0.5)  # a known wait for a clock boundary, not for readiness
+    return int(time.time() // 3600)
+
+
 async def test_three_processes_sharing_redis_admit_exactly_the_limit(
     rls_factory, redis_url: str, tmp_path: Path
 ) -> None:
     args = ("--redis-url", redis_url, "--backend-timeout-ms", "2000")
+    hour = _same_hour()
     procs = _start(rls_factory, _config(tmp_path), args, 3)
     try:
         counts = await _storms([p.grpc_addr for p in procs])
@@ -128,10 +139,12 @@ async def test_three_processes_sharing_redis_admit_exactly_the_limit(
     finally:
         _stop(procs)
     assert errors == [0.0, 0.0, 0.0], f"backend errors {errors}"
+    assert int(time.time() // 3600) == hour, "the storm straddled an hour's end"
     assert counts == EXPECTED  # per family: (admitted, over limit)
 
 
 async def test_one_memory_process_admits_exactly_the_limit(rls_factory, tmp_path: Path) -> None:
+    hour = _same_hour()
     procs = _start(rls_factory, _config(tmp_path), ("--backend-timeout-ms", "2000"), 1)
     try:
         counts = await _storms([procs[0].grpc_addr])
@@ -139,4 +152,5 @@ async def test_one_memory_process_admits_exactly_the_limit(rls_factory, tmp_path
     finally:
         _stop(procs)
     assert errors == 0.0
+    assert int(time.time() // 3600) == hour, "the storm straddled an hour's end"
     assert counts == EXPECTED
