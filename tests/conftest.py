@@ -129,32 +129,28 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
 
 
 # --- markers -------------------------------------------------------------------------------
-# Every test gets one kind, derived from where it lives and what it uses, so that
-# `pytest -m unit` is the fast loop and `-m "not slow"` skips the long ones:
-#   slow  - load, fault, observability (real Prometheus) and quota (real Envoy, windows) suites
-#   envoy - tests that start a real Envoy
-#   redis - tests that use a real redis-server (a fixture, or an rls process on one)
-#   unit  - the rest: in process, no external server
-SLOW_DIRS = {"load", "faults", "observability", "quota"}
-ENVOY_DIRS = {"e2e"}
-ENVOY_FILES = {"test_cache_e2e.py", "test_demo.py", "test_demo_quota.py", "test_envoy_quota.py",
-               "test_xds_envoy.py",
-               "test_envoy_mtls.py"}
-REDIS_DIRS = {"redis_topologies", "redis_path", "algorithms", "counters"}
+# Markers are set per test by what it uses, never by the folder it lives in:
+#   unit  - in process, no external server: the fast loop, `pytest -m unit`
+#   redis - uses a real redis-server (one of the fixtures below, or an rls process on one)
+#   envoy - starts a real Envoy (modules say so with `pytestmark = pytest.mark.envoy`)
+#   slow  - load, faults, long end-to-end runs (modules say so with `pytestmark`)
+# `redis` and `envoy` are derived from the fixtures a test uses where that is reliable; a test
+# with no server marker and no server fixture is `unit`.
 REDIS_FIXTURES = {"redis_server", "redis_url", "fresh_redis", "ops_redis", "debug_redis",
                   "redis_servers", "auth_redis", "tls_redis"}
+ENVOY_FIXTURES = {"envoy_binary"}
+PROCESS_FIXTURES = {"rls_factory", "srv", "spawner", "rls_module"}
+SERVER_MARKERS = {"redis", "envoy", "slow"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
-        folder = parts[0] if len(parts) > 1 else ""
         fixtures = set(getattr(item, "fixturenames", ()))
-        if folder in SLOW_DIRS:
-            item.add_marker(pytest.mark.slow)
-        if folder in ENVOY_DIRS or parts[-1] in ENVOY_FILES:
+        if fixtures & ENVOY_FIXTURES:
             item.add_marker(pytest.mark.envoy)
-        elif folder in REDIS_DIRS or fixtures & REDIS_FIXTURES or "srv" in fixtures:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if fixtures & REDIS_FIXTURES or params.get("memory_or_redis") == "redis":
             item.add_marker(pytest.mark.redis)
-        elif folder not in SLOW_DIRS and "rls_factory" not in fixtures:
+        marked = {m.name for m in item.iter_markers()}
+        if not marked & SERVER_MARKERS and not fixtures & PROCESS_FIXTURES:
             item.add_marker(pytest.mark.unit)

@@ -448,9 +448,42 @@ def test_bad_file_in_directory_is_named(tmp_path: Path) -> None:
     )
 
 
-def test_reference_fixtures_load() -> None:
-    for name in ("basic_config.yaml", "wildcard.yaml", "value_to_metric.yaml"):
-        load_paths([str(FIXTURES / name)])
+def rule(config, domain: str, *entries: tuple[str, str]) -> tuple[int, Unit, str]:
+    found = limit_of(config, domain, *entries)
+    return found.requests_per_unit, found.unit, found.name
+
+
+def test_reference_fixtures_load_every_limit_they_declare() -> None:
+    basic = load_paths([str(FIXTURES / "basic_config.yaml")])
+    assert set(basic.domains) == {"test-domain"}
+    sub = (("key1", "value1"),)
+    assert rule(basic, "test-domain", *sub, ("subkey1", "other")) == (5, Unit.SECOND, "")
+    assert rule(basic, "test-domain", *sub, ("subkey1", "subvalue1")) == (10, Unit.SECOND, "")
+    assert match(basic.domains["test-domain"], list(sub)) is None  # a container: no limit
+    assert rule(basic, "test-domain", ("key2", "any")) == (20, Unit.MINUTE, "")
+    assert rule(basic, "test-domain", ("key2", "value2")) == (30, Unit.MINUTE, "")
+    assert rule(basic, "test-domain", ("key4", "x")) == (1, Unit.DAY, "key4_rate_limit")
+    assert rule(basic, "test-domain", ("key5", "value5")) == (15, Unit.DAY, "")
+    assert rule(basic, "test-domain", ("key5", "value5"), ("subkey5", "subvalue5")) == (
+        25, Unit.DAY, "")
+    assert limit_of(basic, "test-domain", ("key6", "x")).unlimited
+    key7 = match(basic.domains["test-domain"], [("key7", "x")])
+    assert key7 is not None and key7[-1].detailed_metric
+
+    wildcard = load_paths([str(FIXTURES / "wildcard.yaml")])
+    assert rule(wildcard, "test-domain", ("wild", "foobar"))[0] == 20
+    assert rule(wildcard, "test-domain", ("noWild", "foo"))[0] == 21
+    assert match(wildcard.domains["test-domain"], [("noWild", "foobar")]) is None
+    assert rule(wildcard, "test-domain", ("midWild", "barxyzb"))[0] == 23
+    assert rule(wildcard, "test-domain", ("file", "test1"))[0] == 50  # explicit beats wildcard
+    assert rule(wildcard, "test-domain", ("file", "test2"))[0] == 100
+
+    metric = load_paths([str(FIXTURES / "value_to_metric.yaml")])
+    entries = [("route", "r"), ("http_method", "GET"), ("subject_id", "s")]
+    path = match(metric.domains["domain"], entries)
+    assert path is not None
+    assert [node.value_to_metric for node in path] == [True, True, False]
+    assert rule(metric, "domain", *entries) == (60, Unit.MINUTE, "")
 
 
 # --- DESIGN §5 extensions -------------------------------------------------------------------

@@ -8,11 +8,15 @@ import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from rls.cli.cache import purge
 
 from .conftest import Stack
 from .harness import GATEWAY, Response, poll
 from .stores import SSDB_SAFE, SsdbStore
+
+pytestmark = pytest.mark.envoy
 
 TEXT = b'{"q": "hello world", "to": "fr"}'
 

@@ -14,6 +14,8 @@ import pytest
 
 from .harness import Gateway, Response
 
+pytestmark = pytest.mark.envoy
+
 HOUR = 3600
 WINDOW_MARGIN = 20  # seconds; far more than one test takes
 
@@ -207,7 +209,8 @@ def test_rejected_before_rls_never_reaches_it(gw: Gateway) -> None:
 
 def test_rls_down_fails_open(gw: Gateway) -> None:
     # gateway.yaml has failure_mode_deny: false: without rls, requests are proxied unlimited.
-    assert gw.rls.stop() is not None
+    # rls drains on SIGTERM and exits 0: a clean stop, not a crash Envoy happens to survive.
+    assert gw.rls.stop() == 0, gw.rls.log()
     for _ in range(PER_PATH + 1):
         resp = gw.call("/items?page=1", "alice")
         assert resp.status == 200, f"{resp}\n{gw.logs()}"

@@ -21,6 +21,8 @@ import pytest
 
 from .harness import Gateway, Response, wait_for
 
+pytestmark = pytest.mark.envoy
+
 HOUR = 3600
 WINDOW_MARGIN = 20  # seconds; far more than one test takes
 

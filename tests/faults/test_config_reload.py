@@ -13,6 +13,8 @@ import asyncio
 import signal
 from pathlib import Path
 
+import pytest
+
 from .harness import (
     KnownBug,
     Load,
@@ -24,6 +26,8 @@ from .harness import (
     start_rls,
     summary,
 )
+
+pytestmark = pytest.mark.slow
 
 CONFIG = """
 domain: cr

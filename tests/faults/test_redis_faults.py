@@ -35,6 +35,8 @@ from .harness import (
     time_to_exact,
 )
 
+pytestmark = pytest.mark.slow
+
 CONFIG = """
 domain: ft
 descriptors:

@@ -36,6 +36,8 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+pytestmark = pytest.mark.slow
+
 OK = rls_pb2.RateLimitResponse.OK
 OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 from conftest import http_get
 
 from rls.config.loader import load_files
@@ -19,6 +20,8 @@ from rls.observability.metrics import Metrics
 from rls.services.convert import to_response
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
+
+pytestmark = pytest.mark.slow
 
 CONFIG = """
 domain: g

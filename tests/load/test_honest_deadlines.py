@@ -33,6 +33,8 @@ from rls.stores.breaker import CLOSED, OPEN, CircuitBreaker
 from rls.stores.deadline import LoopLag
 from rls.stores.redis import RedisBackend
 
+pytestmark = pytest.mark.slow
+
 CONFIG = """
 domain: d
 descriptors:

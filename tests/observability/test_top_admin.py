@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, start_redis, wait_until
 
 from rls.engine.top import merge_top
@@ -20,6 +21,8 @@ from .helpers import (
     worker_files,
     write_config,
 )
+
+pytestmark = pytest.mark.slow
 
 TOKEN = "t0p-secret"
 

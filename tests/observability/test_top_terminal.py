@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import wait_until
 from support.terminal import rls_top
 
 from .helpers import DOMAIN, EXPECTED_OVER, run_workload, write_config
+
+pytestmark = pytest.mark.slow
 
 
 def test_rls_top_in_a_terminal_shows_the_limited_descriptors_in_order(rls_factory, tmp_path: Path):

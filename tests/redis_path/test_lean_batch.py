@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import pytest
 from conftest import RedisServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,8 @@ from rls.core.model import Check
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
 from rls.stores.redis.scripts import BATCH_MIN_DEPTH
+
+pytestmark = pytest.mark.redis
 
 NOW = 1_700_000_000_000
 _RUN = itertools.count()

@@ -25,6 +25,8 @@ from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
 from rls.stores.redis.scripts import decide_script, lean_script
 
+pytestmark = pytest.mark.redis
+
 
 @pytest.fixture
 async def backend(server: RedisServer):

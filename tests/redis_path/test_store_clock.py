@@ -14,6 +14,8 @@ from rls.core.model import Check
 from rls.stores.redis import RedisBackend
 from rls.stores.redis.clock import StoreClock
 
+pytestmark = pytest.mark.redis
+
 HOUR_MS = 3_600_000
 
 

@@ -25,6 +25,8 @@ from rls.stores.deadline import STORE_SLOW, Deadline, LoopLag
 from rls.stores.redis import RedisBackend
 from rls.stores.redis import wire as wire_module
 
+pytestmark = pytest.mark.redis
+
 LIMIT = Limit(requests_per_unit=1000, unit=Unit.HOUR, full_key="d.k")
 
 

@@ -27,6 +27,8 @@ from .rlsclient import (
 )
 from .servers import AuthSetup
 
+pytestmark = pytest.mark.redis
+
 DOMAIN = "auth"
 CONFIG = """
 domain: auth

@@ -3,9 +3,13 @@ work for the cache store as they do for counters (entries, TTLs, versions)."""
 
 from __future__ import annotations
 
+import pytest
+
 from rls.response_cache.store import create_store
 
 from .servers import ClusterTopology, SentinelTopology
+
+pytestmark = pytest.mark.redis
 
 
 async def _round_trip(url: str) -> None:

@@ -40,6 +40,8 @@ from .rlsclient import (
 )
 from .servers import ClusterTopology
 
+pytestmark = pytest.mark.redis
+
 DOMAIN = "cl"
 CONFIG = """
 domain: cl

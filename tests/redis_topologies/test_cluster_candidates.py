@@ -9,6 +9,7 @@ import random
 import time
 from typing import Any
 
+import pytest
 from algorithms.test_candidates import Recording
 
 import rls.stores.redis.connect as redis_connect
@@ -20,6 +21,8 @@ from rls.stores.windows import window_key
 
 from .servers import ClusterTopology
 from .test_cluster import IN_PROCESS_TIMEOUT_MS, _ClusterWithoutRetryOnTimeout
+
+pytestmark = pytest.mark.redis
 
 CONFIG = """
 domain: cc

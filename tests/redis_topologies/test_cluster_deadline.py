@@ -26,6 +26,8 @@ from rls.stores.redis import RedisBackend
 
 from .servers import ClusterTopology
 
+pytestmark = pytest.mark.redis
+
 CALLER_DEADLINE_S = 0.3
 SLACK_S = 0.15
 UNWIND_S = 1.0  # each of redis-py's two closes after a cancelled slot-map refresh

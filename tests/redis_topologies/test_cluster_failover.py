@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pytest
 import redis
 from conftest import wait_until
 
 from .rlsclient import OK, Client, desc, key_of, start_rls, write_config
 from .servers import ClusterTopology
+
+pytestmark = pytest.mark.redis
 
 DOMAIN = "clf"
 CONFIG = """

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import wait_until
 
 from .rlsclient import (
@@ -26,6 +27,8 @@ from .rlsclient import (
     write_config,
 )
 from .servers import SentinelTopology, wait_for
+
+pytestmark = pytest.mark.redis
 
 DOMAIN = "sen"
 CONFIG = """

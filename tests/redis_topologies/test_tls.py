@@ -26,6 +26,8 @@ from .rlsclient import (
 )
 from .servers import ClientCert, Proc, TlsFiles
 
+pytestmark = pytest.mark.redis
+
 DOMAIN = "tls"
 CONFIG = """
 domain: tls

@@ -37,6 +37,8 @@ from rls.demo.ports import choose_ports, port_is_free
 
 from .helpers import ROOT, avoid_window_edge
 
+pytestmark = pytest.mark.envoy
+
 # Through the installed `rls` command, as the README says (flags must reach the demo).
 DEMO = [str(Path(sys.executable).parent / "rls"), "demo"]
 

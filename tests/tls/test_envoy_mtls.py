@@ -16,6 +16,8 @@ from support.certs import CertAuthority
 from .envoy_tls import enable_mtls
 from .helpers import ROOT, SAN, metric
 
+pytestmark = pytest.mark.envoy
+
 PER_PATH = 3
 DESCRIPTORS = f"""\
 domain: gateway

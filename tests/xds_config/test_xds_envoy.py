@@ -15,6 +15,8 @@ from e2e.harness import Backend, find_envoy, free_port, start_envoy, wait_for
 from .ads_server import AdsServer
 from .test_xds_config import another, basic, reload_domain
 
+pytestmark = pytest.mark.envoy
+
 DOMAINS = ("basic", "another", "reload")  # stage 0, 1, 2
 HEADERS = {"key1": "basic", "one_per_minute": "basic", "key2": "another", "block": "reload"}
 

@@ -13,6 +13,7 @@ from hostile.helpers import metric
 from support.waiting import wait_until
 
 from .ads_server import AdsServer, TlsFiles
+from .calls import OK, OVER_LIMIT, decide
 from .certs import SERVER_SAN, Certs, make_certs
 from .conftest import xds_env
 from .test_xds_config import basic
@@ -48,8 +49,13 @@ def test_mtls_with_the_expected_san_gets_the_config(
 ) -> None:
     server = tls_server(certs, mutual=True)
     try:
-        rls_factory(env=tls_env(server, certs, SERVER_SAN, client_cert=True))
-        server.wait_ack("1")
+        rls = rls_factory(env=tls_env(server, certs, SERVER_SAN, client_cert=True))
+        ack = server.wait_ack("1")
+        assert ack.version_info == "1"
+        assert metric(rls.http_url, "rls_xds_connected") == 1
+        # The served domain's limit is the one sent over the mutually authenticated stream.
+        assert decide(rls.grpc_addr, "basic", ("one_per_minute", "mtls")) == OK
+        assert decide(rls.grpc_addr, "basic", ("one_per_minute", "mtls")) == OVER_LIMIT
     finally:
         server.stop()
 
