@@ -16,12 +16,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from config.test_config_dir import good
 from conftest import ROOT, free_port
 from support.net import http_call
 
 from rls.admin.auth import IDLE_SECONDS
-
-from .test_config_dir import good
 
 TOKEN = "s3cret-admin"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

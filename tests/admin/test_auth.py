@@ -4,8 +4,7 @@ reads stay open; the CLI sends the token from its environment (README "Admin API
 from __future__ import annotations
 
 import pytest
-
-from .helpers import AUTH, TOKEN, Grpc, cli, http, item, uid, used
+from support.calls import AUTH, TOKEN, Grpc, cli, http, item, uid, used
 
 pytestmark = pytest.mark.parametrize("srv", ["memory"], indirect=True)
 

@@ -8,8 +8,7 @@ import json
 
 import grpc
 import pytest
-
-from .helpers import (
+from support.calls import (
     AUTH,
     OK,
     OVER,

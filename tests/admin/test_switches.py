@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from .helpers import (
+from support.calls import (
     AUTH,
     OK,
     OVER,

@@ -12,6 +12,8 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+from support.calls import OK, OVER, Grpc, cli, descriptor, http, query, uid
+from support.served import SHARED_CONFIG
 
 from rls.config.loader import load_paths
 from rls.core.usage import calls_key, distinct_key
@@ -21,9 +23,6 @@ from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
-
-from .conftest import SHARED_CONFIG
-from .helpers import OK, OVER, Grpc, cli, descriptor, http, query, uid
 
 TZ = "Pacific/Kiritimati"  # the domain's usage time zone (UTC+14)
 FAR_TZ = "Etc/GMT+12"  # UTC-12: its date is never the date in Kiritimati

@@ -18,7 +18,7 @@ docstring, not from rls's algorithm code:
 
 Within one request every check is on its own counter: the backend contract
 (rls/stores/base.py) has the limiter fold checks sharing a counter before calling, so that
-case is tested through the limiter (tests/test_limiter.py).
+case is tested through the limiter (tests/engine/test_limiter.py).
 
 Hypothesis traces are replayed against the model, MemoryBackend and RedisBackend with the same
 injected clock; all three must agree decision by decision.

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FIXTURES = Path(__file__).parent / "fixtures" / "config"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "config"
 GOOD = FIXTURES / "good"
 BAD = FIXTURES / "bad"
 MERGE = FIXTURES / "merge"

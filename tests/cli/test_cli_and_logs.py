@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_until
+from support.rls_cli import rls
 
 from rls.cli.counters import parse_descriptor
 from rls.cli.serve import FLAGS
 from rls.config.loader import load_files
 from rls.config.matcher import match
-
-from .helpers import rls
 
 CONFIG = """domain: ops
 descriptors:

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 from support.net import free_port
-
-from .helpers import RLS, ROOT, clean_env, rls
+from support.rls_cli import RLS, ROOT, clean_env, rls
 
 GOOD = """domain: d
 descriptors:

@@ -9,10 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, start_redis, wait_until
-
-from rls.engine.top import merge_top
-
-from .helpers import (
+from observability.helpers import (
     DOMAIN,
     EXPECTED_OVER,
     get_json,
@@ -21,6 +18,8 @@ from .helpers import (
     worker_files,
     write_config,
 )
+
+from rls.engine.top import merge_top
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 from conftest import wait_until
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
-from operations.helpers import descriptor, request
+from support.calls import descriptor, request
 from support.terminal import rls_top
 
 # Before: one candidate row of 105 characters (wrapped at 80); now a heading and a row of 77.

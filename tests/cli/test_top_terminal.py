@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_until
+from observability.helpers import DOMAIN, EXPECTED_OVER, run_workload, write_config
 from support.terminal import rls_top
-
-from .helpers import DOMAIN, EXPECTED_OVER, run_workload, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-
-from .helpers import ROOT, rls
+from support.rls_cli import ROOT, rls
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)

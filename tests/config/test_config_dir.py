@@ -170,7 +170,7 @@ def test_kubernetes_configmap_mount_still_read_once(tmp_path: Path) -> None:
 
 
 def test_unreadable_character_error_is_one_line(cfg: Path) -> None:
-    """Found by tests/fuzz/test_loader_fuzz.py: PyYAML's reader error spans two lines."""
+    """Found by tests/config/test_loader_fuzz.py: PyYAML's reader error spans two lines."""
     (cfg / "nul.yaml").write_text("domain: d\x00\n")
     message = config_error([cfg])
     assert message.startswith(f"{cfg / 'nul.yaml'}: error loading config file: yaml: ")

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_until
+from support.rls_cli import rls
 
 from rls.config.errors import ConfigError
 from rls.config.loader import load_files
-
-from .helpers import rls
 
 
 def error_of(text: str, name: str = "f.yaml") -> ConfigError:

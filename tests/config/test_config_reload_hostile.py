@@ -14,12 +14,12 @@ import threading
 from pathlib import Path
 
 from conftest import ROOT, http_get, wait_until
+from support.metrics import metric
 
 from rls.config import reload as reload_mod
 from rls.config.reload import ConfigHolder
 from rls.observability.metrics import Metrics
 
-from .helpers import metric
 from .test_config_dir import billion_laughs, good
 
 

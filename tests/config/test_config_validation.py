@@ -17,7 +17,7 @@ from rls.config.loader import load_files, load_paths
 from rls.config.matcher import match
 from rls.config.model import Unit
 
-FIXTURES = Path(__file__).parent / "fixtures" / "config"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "config"
 BAD = FIXTURES / "bad"
 GOOD = FIXTURES / "good"
 MERGE = FIXTURES / "merge"

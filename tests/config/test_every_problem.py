@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 from support.net import free_port
+from support.rls_cli import RLS, ROOT, clean_env, rls
 
 from rls.config.errors import ConfigError
 from rls.config.loader import load_files, load_paths
-
-from .helpers import RLS, ROOT, clean_env, rls
 
 # A bad unit on line 5, a misspelled key on line 10, two bad values on lines 14 and 15.
 SEVERAL = """domain: d

@@ -19,7 +19,7 @@ from rls.config.loader import load_files, load_paths
 from rls.config.matcher import match, needs_dynamic_stats, stats_key
 from rls.config.model import Domain, Unit
 
-FIXTURES = Path(__file__).parent / "fixtures" / "config"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "config"
 
 Entries = list[tuple[str, str]]
 

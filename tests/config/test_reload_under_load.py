@@ -14,8 +14,7 @@ import signal
 from pathlib import Path
 
 import pytest
-
-from .harness import (
+from support.faults import (
     KnownBug,
     Load,
     assert_answered_in_time,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .helpers import rls
+from support.rls_cli import rls
 
 TWO = """domain: first
 descriptors:

@@ -12,8 +12,7 @@ import shutil
 from pathlib import Path
 
 from conftest import free_port
-
-from .helpers import ROOT, rls
+from support.rls_cli import ROOT, rls
 
 
 def hostile_dir(tmp_path: Path) -> Path:

@@ -4,7 +4,7 @@ Checked:
 - Chart.yaml is a valid v2 chart whose appVersion is the package version;
 - statically, every `.Values.a.b` path written in a template exists in values.yaml, and every
   top-level value is used by some template (no dead, undocumented knobs);
-- the templates are rendered by tests/ship/minihelm.py, a small strict Go-template renderer
+- the templates are rendered by tests/deploy/minihelm.py, a small strict Go-template renderer
   for exactly the constructs the chart uses (it fails on a missing key where Helm would render
   nothing, and on any construct it does not know). Rendered with the defaults and with every
   feature on (Envoy sidecar, cache rules, Redis URL or existing Secret, admin token, HPA, PDB,

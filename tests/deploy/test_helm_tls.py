@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
-from ship.test_helm import container, manifests, only
+from grpc_access.envoy_tls import HELM_DIR, enable_mtls
+from grpc_access.test_envoy_mtls import _mtls_files
 
 from rls.cli.main import parser
 from rls.cli.serve import settings_from
 
-from .envoy_tls import HELM_DIR, enable_mtls
-from .test_envoy_mtls import _mtls_files
+from .test_helm import container, manifests, only
 
 TLS_ON: dict[str, Any] = {
     "tls": {"enabled": True, "secretName": "rls-tls", "requireClientCert": True,

@@ -114,7 +114,7 @@ def run_pytest(env_ssdb: str | None, *args: str) -> subprocess.CompletedProcess[
         env["SSDB_SERVER"] = env_ssdb
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/cache/test_cache_store.py", "-k", "ssdb", *args],
+         "tests/response_cache/test_cache_store.py", "-k", "ssdb", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import ROOT
 from prometheus_client import CollectorRegistry
 
 from rls.cli.serve import FLAGS
 from rls.config.model import ALGORITHMS
 from rls.config.parser import EXTENSION_KEYS, REFERENCE_KEYS
 from rls.settings.environment import REFERENCE_ENV
-
-from .helpers import ROOT
 
 DOCS = ROOT / "docs"
 OWN = ["configuration.md", "envoy.md", "metrics.md", "migration.md", "admin.md",

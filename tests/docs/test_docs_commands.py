@@ -32,9 +32,9 @@ import pytest
 from conftest import RlsProcess, free_port, http_get, wait_until
 from support.processes import stop_process
 from support.redis_server import RedisServer
+from support.rls_cli import ROOT, clean_env
 
 from .docblocks import DOCS, FENCE, Block, blocks
-from .helpers import ROOT, clean_env
 
 TOKEN = "docs-token"
 KNOWN_NEEDS = {"envoy", "kubernetes", "ssdb", "grpcurl", "a traffic log"}

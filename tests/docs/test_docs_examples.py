@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from support.envoy import find_envoy
+from support.rls_cli import ROOT, rls
 from support.system import require_binary
 
 from rls.cli.main import parser as rls_parser
@@ -28,7 +29,6 @@ from rls.config.parser import VALID_KEYS
 from rls.frequency.model import load_config as load_counters_config
 
 from .docblocks import DOCS, Block, blocks
-from .helpers import ROOT, rls
 
 COUNTERS_KEYS = {"default_timezone", "domains", "stale_cache", "hot_keys", "timeout_ms"}
 
@@ -259,7 +259,7 @@ def check_yaml_block(block: Block, tmp_path: Path) -> None:
         check_counters(where, text, tmp_path)
     else:
         pytest.fail(f"{where}: a YAML block that is no whole file: mark it "
-                    "`<!-- fragment: CONTEXT -->` (see tests/firsthour/docblocks.py)")
+                    "`<!-- fragment: CONTEXT -->` (see tests/docs/docblocks.py)")
 
 
 YAML_BLOCKS = blocks("yaml", "yml")

@@ -14,11 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support.rls_cli import ROOT
 
 from rls.response_cache.config import load_cache_config
 from rls.stores.redis.urls import normalize_redis_url
-
-from .helpers import ROOT
 
 MIGRATION = (ROOT / "docs" / "migration.md").read_text(encoding="utf-8")
 README = (ROOT / "README.md").read_text(encoding="utf-8")

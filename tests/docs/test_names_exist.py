@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from types import ModuleType
 
-from .helpers import ROOT
+from support.rls_cli import ROOT
 
 RLS = ROOT / "rls"
 GENERATED = ("_pb2", "otlp_proto")

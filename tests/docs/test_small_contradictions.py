@@ -14,8 +14,7 @@ from pathlib import Path
 
 from conftest import http_get, wait_until
 from support.net import free_port
-
-from .helpers import ROOT, rls
+from support.rls_cli import ROOT, rls
 
 GOOD = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 from prometheus_client import CollectorRegistry
-from redis_topologies.servers import start_cluster
+from stores.topologies.servers import start_cluster
 
 from rls.frequency.model import CountersConfig, make_item
 from rls.frequency.service import CountersService

@@ -13,11 +13,10 @@ from typing import Any
 import grpc
 import pytest
 from conftest import RlsProcess, start_redis
+from support.grpc_surface import assert_no_traceback, assert_serving, code_of, start_rls
 
 from rls.frequency.model import MAX_BATCH, MAX_DOMAIN_BYTES, MAX_HITS, MAX_KEY_BYTES
 from rls.frequency.proto import counters_pb2
-
-from .grpc_surface import assert_no_traceback, assert_serving, code_of, start_rls
 
 pb: Any = counters_pb2
 SERVICE = "/rls.counters.v1.Counters/"

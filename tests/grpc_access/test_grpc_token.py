@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from config.test_config_dir import good
 from conftest import ROOT
 from e2e.harness import (
     ADMIN_PORT,
@@ -27,9 +28,7 @@ from e2e.harness import (
 )
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from .helpers import metric
-from .test_config_dir import good
+from support.metrics import metric
 
 TOKEN = "s3cret-grpc-token"
 REQUEST = rls_pb2.RateLimitRequest(domain="alpha", descriptors=[

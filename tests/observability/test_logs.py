@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 
 import grpc
-
-from .helpers import OK, Grpc, delta, descriptor, request, scrape
+from support.calls import OK, Grpc, delta, descriptor, request, scrape
 
 CONFIG = """
 domain: logs

@@ -10,10 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import free_port, http_get, wait_until
-
-from rls import __version__
-
-from .helpers import (
+from support.calls import (
     OK,
     OVER,
     Grpc,
@@ -27,6 +24,8 @@ from .helpers import (
     uid,
     value,
 )
+
+from rls import __version__
 
 DOCUMENTED = {
     "rls_requests_total",

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from conftest import http_get, start_redis, wait_until
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
-from operations.helpers import descriptor, request
+from support.calls import descriptor, request
 
 from .helpers import DOMAIN, run_workload, write_config
 from .prom import (

@@ -20,8 +20,7 @@ import grpc
 import pytest
 from conftest import free_port, http_get, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from .helpers import ROOT, rls
+from support.rls_cli import ROOT, rls
 
 CONFIG = """domain: ff
 descriptors:

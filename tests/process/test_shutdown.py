@@ -14,8 +14,7 @@ from pathlib import Path
 import grpc
 from conftest import start_redis
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
-
-from .helpers import OK, descriptor, request, uid
+from support.calls import OK, descriptor, request, uid
 
 CHANNELS = 16
 CALLERS = 2  # per channel: 32 calls always in flight

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import redis as redis_py
 from conftest import http_get, start_redis
-
-from .harness import Load, report, request, start_rls, summary
+from support.faults import Load, report, request, start_rls, summary
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from config.test_config_dir import good
 from conftest import ROOT, free_port, http_get, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.metrics import metric
 
 from rls.process.workers import (
     BACKOFF_CAP,
@@ -35,9 +37,6 @@ from rls.process.workers import (
     worker_problem,
 )
 from rls.settings.environment import SHARED_DIR_ENV
-
-from .helpers import metric
-from .test_config_dir import good
 
 
 def children(pid: int) -> list[int]:

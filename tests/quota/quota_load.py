@@ -1,6 +1,6 @@
 """Figures for docs/reliability.md: what a heavy or hostile RLQS client costs everyone else.
 
-Usage: python tests/hostile/quota_load.py [turns|stall|rss|all]
+Usage: python tests/quota/quota_load.py [turns|stall|rss|all]
 Not a test (no wall-clock assertions in tests).
 - turns: in this process, the longest turn of the event loop while a stream is handed a report
   of 20,000 new buckets and then the same again, in CPU time of the loop's thread (wall time

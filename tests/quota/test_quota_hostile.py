@@ -3,7 +3,7 @@
 A client that never reads its answers is held back by flow control and then ended; bucket ids
 are capped in bytes; a draining rls ends its streams at once. Bounds come from
 docs/quota-mode.md "Limits of a stream"; the figures (loop stall, RSS) from
-tests/hostile/quota_load.py are in docs/reliability.md.
+tests/quota/quota_load.py are in docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
+from support.metrics import metric
 
-from .helpers import metric
 from .quota_load import report
 
 QUOTA = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"

@@ -2,9 +2,10 @@
 weight of `hits_from: json:payload` reaches the stage-1 ratelimit filter as
 `%DYNAMIC_METADATA(rls:hits)%`, and `key_fields` keys the cache on the listed members only.
 
-The stack's RateLimitService is a recording stub (tests/cache/harness.py): what it received is
-exactly what Envoy sent, hits_addend included. Rules: tests/cache/conftest.py (`translate`
-keys on the whole body; `translate_fields`, chosen by the x-key-fields header, on members).
+The stack's RateLimitService is a recording stub (tests/response_cache/harness.py): what it
+received is exactly what Envoy sent, hits_addend included. Rules:
+tests/response_cache/conftest.py (`translate` keys on the whole body; `translate_fields`,
+chosen by the x-key-fields header, on members).
 """
 
 from __future__ import annotations

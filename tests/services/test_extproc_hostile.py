@@ -13,14 +13,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from cache.helpers import request_headers, response_body, response_headers
 from conftest import RlsProcess
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
-from rls.settings import Settings
-from rls.settings.model import is_loopback
-
-from .grpc_surface import (
+from response_cache.helpers import request_headers, response_body, response_headers
+from support.grpc_surface import (
     RSS_GROWTH_LIMIT,
     assert_no_traceback,
     assert_serving,
@@ -32,6 +28,9 @@ from .grpc_surface import (
     rss,
     start_rls,
 )
+
+from rls.settings import Settings
+from rls.settings.model import is_loopback
 
 TOKEN = "s3cret-extproc-token"
 

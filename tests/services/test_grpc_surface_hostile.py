@@ -17,8 +17,7 @@ import pytest
 from conftest import RlsProcess, wait_until
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from .grpc_surface import (
+from support.grpc_surface import (
     RSS_GROWTH_LIMIT,
     assert_no_traceback,
     assert_serving,
@@ -29,7 +28,7 @@ from .grpc_surface import (
     rss,
     start_rls,
 )
-from .helpers import metric
+from support.metrics import metric
 
 RLQS = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -18,6 +18,7 @@ import grpc
 import pytest
 from conftest import start_redis
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from support.metrics import metric
 
 from rls.config.model import Limit, Unit
 from rls.core.algorithms.registry import ALGORITHM_NAMES
@@ -30,8 +31,6 @@ from rls.memo import (
     BoundedCache,
 )
 from rls.stores.memory import ENTRY_BYTES, LOW_WATER, MemoryBackend
-
-from .helpers import metric
 
 CONFIG = """
 domain: mem

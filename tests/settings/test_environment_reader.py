@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from .helpers import ROOT
+from conftest import ROOT
 
 READER = ROOT / "rls" / "settings" / "environment.py"
 

@@ -9,10 +9,9 @@ allocated a slot per worker before starting any.
 from __future__ import annotations
 
 import pytest
+from support.rls_cli import ROOT, rls
 
 from rls.settings import SettingError, Settings
-
-from .helpers import ROOT, rls
 
 HUGE = 10**23
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.rls_cli import rls
 
 from rls.stores.redis.urls import bare_url_problem, url_problem
-
-from .helpers import rls
 
 GOOD = [
     "redis://127.0.0.1:6379", "redis://127.0.0.1:6379/0", "redis://redis/3", "redis://:pw@h",

@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from redis_topologies.servers import ClusterTopology, start_cluster
 
 from rls.config.model import Limit, Unit
 from rls.core.algorithms.registry import ALGORITHM_NAMES
@@ -34,6 +33,7 @@ from rls.engine.fallback import FallbackLimiter
 from rls.observability.metrics import Metrics
 from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
+from stores.topologies.servers import ClusterTopology, start_cluster
 
 pytestmark = pytest.mark.redis
 

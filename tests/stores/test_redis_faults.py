@@ -18,10 +18,7 @@ from pathlib import Path
 import pytest
 import redis as redis_py
 from conftest import RedisServer, start_redis
-
-from rls.stores.redis.scripts import lean_script
-
-from .harness import (
+from support.faults import (
     FAST_FAILOVER,
     Load,
     assert_answered_in_time,
@@ -34,6 +31,8 @@ from .harness import (
     summary,
     time_to_exact,
 )
+
+from rls.stores.redis.scripts import lean_script
 
 pytestmark = pytest.mark.slow
 

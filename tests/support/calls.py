@@ -16,6 +16,7 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf.wrappers_pb2 import UInt64Value
 from prometheus_client.parser import text_string_to_metric_families
+
 from support.net import http_call
 
 ROOT = Path(__file__).resolve().parents[2]

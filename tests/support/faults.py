@@ -28,6 +28,7 @@ import grpc
 from conftest import RlsProcess, http_get
 from envoy.service.ratelimit.v3 import rls_pb2
 from prometheus_client.parser import text_string_to_metric_families
+
 from support.waiting import wait_until as eventually  # the fault suites' name
 
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"

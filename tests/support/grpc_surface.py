@@ -16,7 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from .helpers import metric
+from .metrics import metric
 
 PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 EXAMPLE = ROOT / "config" / "example.yaml"

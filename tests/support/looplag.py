@@ -1,6 +1,6 @@
 """Longest event-loop pause while a ConfigHolder watches N files, idle and during a reload.
 
-Usage: python tests/hostile/looplag.py N SECONDS [gc]   (gc: also print gen-2 collections)
+Usage: python tests/support/looplag.py N SECONDS [gc]   (gc: also print gen-2 collections)
 Not a test (no wall-clock assertions in tests): a figure for docs/reliability.md.
 """
 

@@ -1,6 +1,7 @@
-"""Fixtures of the operations tests: one long-lived `rls serve` per backend, shared by the tests
-of this folder (they use fresh descriptor values, so they never share a counter), plus a
-Redis of their own.
+"""Fixtures for tests of a running rls: one long-lived `rls serve` per backend, shared by the
+tests of a package (they use fresh descriptor values, so they never share a counter), plus a
+Redis of their own, and `spawner` for a test that needs an rls of its own. A package uses them
+by importing them into its conftest.py (admin/, observability/, process/).
 
 The shared servers run with RLS_ADMIN_TOKEN set (mutating calls send the token) and a short
 reload interval (config-error tests).
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import RedisServer, RlsProcess, free_port, http_get, start_redis, wait_until
 
-from .helpers import AUTH, ROOT, TOKEN, http
+from .calls import AUTH, ROOT, TOKEN, http
 
 SHARED_CONFIG = {
     "ops.yaml": """

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conftest import http_get
-from hostile.helpers import metric
+from support.metrics import metric
 from support.net import connectable
 from support.waiting import wait_until
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
-from hostile.helpers import metric
+from support.metrics import metric
 from support.waiting import wait_until
 
 from rls.config.xds.convert import TYPE_URL

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile.helpers import metric
+from support.metrics import metric
 from support.waiting import wait_until
 
 from .ads_server import AdsServer, TlsFiles
