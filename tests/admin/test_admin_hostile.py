@@ -58,6 +58,7 @@ def serve(config: Path, *args: str, env: dict[str, str] | None = None) -> subpro
                             env=full, cwd=str(ROOT))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("addr", ["0.0.0.0", "[::]", ""])
 def test_admin_off_loopback_without_token_refuses_to_start(config: Path, addr: str) -> None:
     proc = serve(config, "--http-addr", f"{addr}:{free_port()}")
@@ -68,6 +69,7 @@ def test_admin_off_loopback_without_token_refuses_to_start(config: Path, addr: s
     assert "is not on loopback and RLS_ADMIN_TOKEN is not set" in lines[0]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("opt_out", ["flag", "env", "token"])
 def test_admin_off_loopback_starts_with_token_or_explicit_opt_out(config: Path,
                                                                   opt_out: str) -> None:

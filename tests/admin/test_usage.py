@@ -218,6 +218,7 @@ async def test_distinct_users_accuracy(kind, request, tmp_path: Path):
     print(f"{kind}: {USERS} users in {time.monotonic() - started:.1f} s, estimate {distinct}")
 
 
+@pytest.mark.redis
 async def test_usage_counted_once_when_redis_reloads_its_script(request, tmp_path: Path):
     """README "Operating it": redis-py reloads the script on NOSCRIPT by itself (Redis
     restarted, failed over or flushed its scripts). The usage increments pipelined with that

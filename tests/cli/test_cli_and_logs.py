@@ -34,12 +34,14 @@ descriptors:
 """
 
 
+@pytest.mark.process
 def test_version() -> None:
     done = rls("--version")
     assert done.returncode == 0
     assert re.fullmatch(r"rls \d+\.\d+\.\d+\S*\n", done.stdout), done.stdout
 
 
+@pytest.mark.process
 def test_serve_help_gives_default_and_env_name_of_every_flag() -> None:
     text = " ".join(rls("serve", "--help").stdout.split())
     for name in FLAGS:
@@ -49,6 +51,7 @@ def test_serve_help_gives_default_and_env_name_of_every_flag() -> None:
     assert "env RLS_REDIS_URL or REDIS_URL" in text
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("command", ["counters", "usage", "switches"])
 def test_admin_clients_help_names_token_and_admin_url_env(command: str) -> None:
     text = " ".join(rls(command, "--help").stdout.split())
@@ -56,6 +59,7 @@ def test_admin_clients_help_names_token_and_admin_url_env(command: str) -> None:
     assert "default http://127.0.0.1:8080; env RLS_ADMIN_URL" in text
 
 
+@pytest.mark.process
 def test_bad_day_is_refused_with_rc_2() -> None:
     done = rls("usage", "--domain", "d", "--day", "2024-13-01")
     assert done.returncode == 2

@@ -23,6 +23,8 @@ import pytest
 from support.net import free_port
 from support.rls_cli import RLS, ROOT, clean_env, rls
 
+pytestmark = pytest.mark.process
+
 GOOD = """domain: d
 descriptors:
   - key: k

@@ -15,6 +15,8 @@ import pytest
 from conftest import free_port
 from support.rls_cli import ROOT, rls
 
+pytestmark = pytest.mark.process
+
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
 ) + "rules: *i\n"

@@ -177,6 +177,7 @@ def test_unreadable_character_error_is_one_line(cfg: Path) -> None:
     assert "unacceptable character #x0000" in message
 
 
+@pytest.mark.process
 def test_check_config_on_a_hostile_directory_reports_lines_not_tracebacks(cfg: Path) -> None:
     import subprocess
     import sys

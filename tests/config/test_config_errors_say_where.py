@@ -109,6 +109,7 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.process
 def test_check_config_prints_warnings_and_fails_only_with_strict(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
     cfg.mkdir()
@@ -124,6 +125,7 @@ def test_check_config_prints_warnings_and_fails_only_with_strict(tmp_path: Path)
     assert "FAILED (--strict)" in strict.stderr
 
 
+@pytest.mark.process
 def test_check_config_prints_location_after_reference_text(tmp_path: Path) -> None:
     bad = write(tmp_path / "bad.yaml",
                 "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n"
@@ -196,6 +198,7 @@ def test_limit_field_beside_a_full_rate_limit_and_at_the_top_are_warnings() -> N
                for t in texts), texts
 
 
+@pytest.mark.process
 def test_check_config_strict_fails_on_a_misindented_limit(tmp_path: Path) -> None:
     bad = write(tmp_path / "bad.yaml", MISINDENTED)
     done = rls("check-config", str(bad))

@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, http_get, wait_until
 from support.metrics import metric
 
@@ -27,6 +28,7 @@ def rlconfig(url: str) -> str:
     return http_get(url + "/rlconfig")[1].decode()
 
 
+@pytest.mark.process
 def test_bad_directory_at_startup_exits_1_with_one_line(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
     cfg.mkdir()

@@ -40,6 +40,7 @@ descriptors:
 """
 
 
+@pytest.mark.process
 def test_check_config_reports_every_problem_of_a_file_in_line_order(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(SEVERAL)
@@ -119,6 +120,7 @@ def test_a_bad_file_leaves_nothing_behind_for_the_next_one() -> None:
     assert [p.file for p in info.value.problems] == ["bad.yaml"]
 
 
+@pytest.mark.process
 def test_serve_start_up_error_names_every_problem(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(SEVERAL)
@@ -178,6 +180,7 @@ def test_a_unit_like_no_other_lists_the_units() -> None:
 # ------------------------------------------------------------------ taken ports
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("flag", "what"), [
     ("--grpc-addr", "gRPC"), ("--http-addr", "admin"), ("--extproc-addr", "ext_proc")
 ])
@@ -197,6 +200,7 @@ def test_a_taken_port_says_it_is_in_use_and_names_the_flag(flag: str, what: str)
             f"with {flag}") in done.stderr, done.stderr
 
 
+@pytest.mark.process
 def test_strict_start_up_names_every_warning(tmp_path: Path) -> None:
     cfg = tmp_path / "warn.yaml"
     cfg.write_text("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second}\n"

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from support.rls_cli import rls
+
+pytestmark = pytest.mark.process
 
 TWO = """domain: first
 descriptors:

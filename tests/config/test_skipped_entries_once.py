@@ -11,8 +11,11 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 from conftest import free_port
 from support.rls_cli import ROOT, rls
+
+pytestmark = pytest.mark.process
 
 
 def hostile_dir(tmp_path: Path) -> Path:

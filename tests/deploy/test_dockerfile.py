@@ -269,6 +269,7 @@ def test_build_stage_has_everything_pip_wheel_needs(tmp_path: Path):
     assert {*ALGORITHM_FILES, "decide.lua"} <= shipped
 
 
+@pytest.mark.process
 def test_default_descriptor_files_pass_check_config():
     files = sorted(
         {p for _, src, dest in copy_sources() if dest.startswith("/etc/rls/config")

@@ -258,6 +258,7 @@ def test_cache_rules_are_mounted_and_passed():
         render_chart(CHART, {"cache": {"enabled": True, "rules": ""}})
 
 
+@pytest.mark.envoy
 def test_envoy_sidecar_config_is_valid_and_calls_rls_on_loopback(tmp_path: Path):
     from rls.demo import find_envoy
 

@@ -269,11 +269,14 @@ def test_the_docs_have_examples_to_run() -> None:
     assert len(YAML_BLOCKS) >= 15, len(YAML_BLOCKS)
 
 
+@pytest.mark.envoy
+@pytest.mark.process
 @pytest.mark.parametrize("block", YAML_BLOCKS, ids=[b.where for b in YAML_BLOCKS])
 def test_every_yaml_block_loads_or_is_a_checked_fragment(block: Block, tmp_path: Path) -> None:
     check_yaml_block(block, tmp_path)
 
 
+@pytest.mark.envoy
 def test_an_unmarked_fragment_and_a_broken_envoy_fragment_fail(tmp_path: Path) -> None:
     """The check can fail: a fragment without its mark, and an Envoy fragment Envoy refuses."""
     loose = Block("x.md:1", "yaml", "usage_stats: {days: 3}\n", None, "")

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import http_get, wait_until
 from support.net import free_port
 from support.rls_cli import ROOT, rls
@@ -43,6 +44,7 @@ def test_healthcheck_is_500_store_not_ready_with_a_config_and_no_store(
         assert "store not ready" in flat(doc), doc
 
 
+@pytest.mark.process
 def test_serve_help_and_the_settings_table_list_every_log_level_accepted() -> None:
     from rls.settings import Settings
     from rls.settings.model import CHOICES, LOG_LEVEL_ALIASES
@@ -115,6 +117,7 @@ def test_an_admin_command_pointed_at_the_grpc_port_says_so_without_a_traceback(
         "(is it the gRPC port? the admin API listens on --http-addr)"), done.stderr
 
 
+@pytest.mark.process
 def test_an_admin_command_pointed_at_another_http_server_says_so_without_a_traceback(
         tmp_path: Path) -> None:
     """An --admin URL that answers HTTP/1.1 with a page, not JSON (a proxy, another service):

@@ -7,7 +7,10 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from support.system import require_binary
+
+pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[2]
 PER_LIMIT = ("total_hits", "within_limit", "near_limit", "over_limit", "shadow_mode")

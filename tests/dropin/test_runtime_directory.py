@@ -10,10 +10,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from support.net import free_port
 from support.waiting import wait_until
 
 from .helpers import Ratelimit, config_text, write
+
+pytestmark = pytest.mark.process
 
 RELOAD_TIMEOUT = 5.0  # the contract is 2 s; slack for a loaded machine
 

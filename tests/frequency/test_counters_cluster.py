@@ -14,6 +14,8 @@ from rls.frequency.model import CountersConfig, make_item
 from rls.frequency.service import CountersService
 from rls.stores import create_backend
 
+pytestmark = pytest.mark.redis
+
 
 @pytest.fixture
 def cluster(tmp_path_factory):

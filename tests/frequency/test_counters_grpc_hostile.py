@@ -18,6 +18,8 @@ from support.grpc_surface import assert_no_traceback, assert_serving, code_of, s
 from rls.frequency.model import MAX_BATCH, MAX_DOMAIN_BYTES, MAX_HITS, MAX_KEY_BYTES
 from rls.frequency.proto import counters_pb2
 
+pytestmark = pytest.mark.process
+
 pb: Any = counters_pb2
 SERVICE = "/rls.counters.v1.Counters/"
 METHODS = ("Add", "Get", "BatchAdd", "BatchGet")

@@ -266,6 +266,7 @@ async def test_redis_per_item_failure_is_reported_on_that_item(redis_url):
         await backend.close()
 
 
+@pytest.mark.redis
 async def test_redis_down_add_raises_and_get_answers_last_known_value_stale():
     own = start_redis()
     backend = RedisBackend(own.url)

@@ -128,6 +128,7 @@ def test_envoy_gateway_environment_serves_mtls_with_its_ca_as_the_client_ca(
     assert "from Envoy Gateway's GRPC_SERVER_TLS_CA_CERT" in rls.log()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("broken", ["cert", "key", "client_ca", "mismatch", "not_pem"])
 def test_a_missing_or_wrong_file_at_start_exits_2_naming_the_file(
     tmp_path: Path, pki: Pki, broken: str

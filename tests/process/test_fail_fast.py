@@ -41,12 +41,14 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.process
 def test_missing_config_path_exits_2_with_one_line_naming_it() -> None:
     done = rls(*serve_args(), "--config", "/nonexistent/rls.yaml", timeout=30)
     assert done.returncode == 2
     assert "/nonexistent/rls.yaml" in one_line(done.stderr)
 
 
+@pytest.mark.process
 def test_no_config_exits_2_and_names_the_flag_that_allows_it() -> None:
     done = rls(*serve_args(), timeout=30)
     assert done.returncode == 2
@@ -54,6 +56,7 @@ def test_no_config_exits_2_and_names_the_flag_that_allows_it() -> None:
     assert "--config" in line and "--allow-empty-config" in line
 
 
+@pytest.mark.process
 def test_config_that_fails_to_load_at_startup_exits_1(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("domain: ff\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight}\n")
@@ -63,12 +66,14 @@ def test_config_that_fails_to_load_at_startup_exits_1(tmp_path: Path) -> None:
     assert f"at {bad}:4" in done.stderr
 
 
+@pytest.mark.process
 def test_empty_directory_at_startup_exits_1(tmp_path: Path) -> None:
     done = rls(*serve_args(), "--config", str(tmp_path), timeout=30)
     assert done.returncode == 1
     assert "no domain loaded" in done.stderr
 
 
+@pytest.mark.process
 def test_strict_serve_refuses_a_config_with_warnings(tmp_path: Path) -> None:
     cfg = tmp_path / "w.yaml"
     cfg.write_text("domain: ff\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute}\n")
@@ -103,6 +108,7 @@ BAD_SETTINGS = [
 ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("args", "env", "named"), BAD_SETTINGS,
                          ids=[n for _, _, n in BAD_SETTINGS])
 def test_bad_setting_is_one_line_naming_flag_or_variable_rc_2(
@@ -174,6 +180,7 @@ def test_unreachable_cache_store_is_reported_at_startup(rls_factory, tmp_path: P
     assert f"cache store {dead} unreachable at startup" in proc.log()
 
 
+@pytest.mark.process
 def test_workers_with_a_bad_config_exit_1_instead_of_restarting_forever(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("domain: ff\ndescriptors:\n  - value: x\n")
@@ -223,6 +230,7 @@ def test_serve_logs_a_misindented_limit_and_strict_refuses_it(rls_factory, tmp_p
     assert f"at {bad}:" in strict.stderr
 
 
+@pytest.mark.process
 def test_config_path_that_is_a_looping_or_dangling_link_says_so(tmp_path: Path) -> None:
     """Such a path is there (`ls` lists it), so "no such file or directory" misled."""
     loop = tmp_path / "loop.yaml"

@@ -141,6 +141,7 @@ async def test_a_burst_larger_than_the_pool_waits_for_connections(redis_url: str
     await store.close()
 
 
+@pytest.mark.redis
 async def test_pooled_connections_survive_a_store_restart() -> None:
     server = start_redis()
     try:
@@ -177,6 +178,7 @@ def test_pooled_ssdb_connections_survive_a_store_restart_on_uvloop(
     uvloop.run(scenario())
 
 
+@pytest.mark.redis
 async def test_unreachable_store_errors_then_is_marked_down_until_it_answers() -> None:
     port = free_port()
     store = create_store(f"redis://127.0.0.1:{port}/0", timeout_ms=50)

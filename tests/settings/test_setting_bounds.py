@@ -45,6 +45,7 @@ def test_largest_allowed_values_still_validate() -> None:
              reload_interval=86400, probe_timeout_ms=2**31 - 1).validate()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("env", "named"),
     [({"RLS_MAX_REQUEST_BYTES": str(HUGE)}, "RLS_MAX_REQUEST_BYTES"),

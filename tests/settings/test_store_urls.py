@@ -52,6 +52,7 @@ def test_scheme_with_one_slash_suggests_the_url_meant() -> None:
     )
 
 
+@pytest.mark.process
 def test_cache_rules_store_url_is_checked_too(tmp_path: Path) -> None:
     rules = tmp_path / "cache.yaml"
     rules.write_text("store: redis://:secret@cache:6379/abc\nrules: []\n")

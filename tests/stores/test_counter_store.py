@@ -35,8 +35,6 @@ from rls.stores.memory import MemoryBackend
 from rls.stores.redis import RedisBackend
 from stores.topologies.servers import ClusterTopology, start_cluster
 
-pytestmark = pytest.mark.redis
-
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: every window of these tests starts here
 ALGORITHMS = ALGORITHM_NAMES  # every registered algorithm, a new one included
 _RUN = uuid.uuid4().hex[:8]
