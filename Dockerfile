@@ -10,7 +10,7 @@
 # Every flag of `rls serve` is also an environment variable RLS_<NAME> (docs/configuration.md).
 # Tracing is in the image (OpenTelemetry is a dependency): TRACING_ENABLED=true and
 # OTEL_EXPORTER_OTLP_ENDPOINT, as Envoy Gateway sets them (docs/observability.md#tracing).
-# Checked by tests/ship/test_dockerfile.py (no Docker needed): entrypoint, ports, healthcheck
+# Checked by tests/deploy/test_dockerfile.py (no Docker needed): entrypoint, ports, healthcheck
 # path, non-root user, Python version, build context; and by tests/deploy/test_image.py, which
 # replays the runtime stage on a Debian root and starts it as Envoy Gateway does (docs/deploy.md).
 

@@ -1,7 +1,7 @@
 """Decision latency while a control plane pushes 10,000 domains over xDS.
 
 rls (memory store, CONFIG_TYPE=GRPC_XDS_SOTW) follows an in-process ADS server
-(tests/xds_config/ads_server.py). A steady open loop of ShouldRateLimit calls
+(tests/config/xds/ads_server.py). A steady open loop of ShouldRateLimit calls
 (`_common.paced`) runs twice: once with no push, once while the server pushes sets of 10,000
 domains (plus the benchmark's own) one after the other, each built off the event loop and
 swapped in. Windows alternate (no push, push) for --rounds pairs so that both kinds share the

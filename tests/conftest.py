@@ -129,35 +129,79 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
 
 
 # --- markers -------------------------------------------------------------------------------
-# Every test gets one kind, derived from where it lives and what it uses, so that
-# `pytest -m unit` is the fast loop and `-m "not slow"` skips the long ones:
-#   slow  - load, fault, observability (real Prometheus) and quota (real Envoy, windows) suites,
-#           deploy (the chart under real helm, the image on a Debian root filesystem), and a
-#           test marked slow itself (a fresh venv installed from the index)
-#   envoy - tests that start a real Envoy
-#   redis - tests that use a real redis-server (a fixture, or an rls process on one)
-#   unit  - the rest: in process, no external server
-SLOW_DIRS = {"load", "faults", "observability", "quota", "deploy"}
-ENVOY_DIRS = {"e2e"}
-ENVOY_FILES = {"test_cache_e2e.py", "test_demo.py", "test_demo_quota.py", "test_envoy_quota.py",
-               "test_xds_envoy.py",
-               "test_envoy_mtls.py"}
-REDIS_DIRS = {"redis_topologies", "redis_path", "algorithms", "counters"}
+# Markers are set per test by what it uses, never by the folder it lives in:
+#   unit  - in process, no external server: the fast loop, `pytest -m unit`
+#   redis - uses a real redis-server (one of the fixtures below, or an rls process on one)
+#   envoy - starts a real Envoy (modules say so with `pytestmark = pytest.mark.envoy`)
+#   process - runs rls in a subprocess: `rls serve`, `/bin/ratelimit` or a sub-command
+#   slow  - load, faults, long end-to-end runs (modules say so with `pytestmark`)
+# `redis`, `envoy` and `process` are derived from the fixtures a test uses where that is
+# reliable, and otherwise set with `pytestmark`; a test with none of them is `unit`, and the
+# guard below fails a `unit` test that starts a server or an rls process anyway, so a missing
+# marker cannot slip a server into the fast loop.
 REDIS_FIXTURES = {"redis_server", "redis_url", "fresh_redis", "ops_redis", "debug_redis",
-                  "redis_servers", "auth_redis", "tls_redis"}
+                  "redis_servers", "auth_redis", "tls_redis", "mtls_redis", "own_redis",
+                  "paused_redis", "redis_stack"}
+REDIS_PARAMS = {"redis", "cluster", "sentinel"}
+ENVOY_FIXTURES = {"envoy_binary"}
+PROCESS_FIXTURES = {"rls_factory", "srv", "spawner", "rls_module"}
+NOT_UNIT = {"redis", "envoy", "process", "slow"}
+SERVER_PROGRAMS = {"redis-server", "redis-sentinel", "envoy", "prometheus", "promtool", "rls",
+                   "ratelimit", "tmux", "ssdb-server"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
-        folder = parts[0] if len(parts) > 1 else ""
         fixtures = set(getattr(item, "fixturenames", ()))
-        if folder in SLOW_DIRS:
-            item.add_marker(pytest.mark.slow)
-        if folder in ENVOY_DIRS or parts[-1] in ENVOY_FILES:
+        if fixtures & ENVOY_FIXTURES:
             item.add_marker(pytest.mark.envoy)
-        elif folder in REDIS_DIRS or fixtures & REDIS_FIXTURES or "srv" in fixtures:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        # A store parameter ("redis", "cluster") whose fixture asks for Redis when it runs.
+        redis_param = any(isinstance(v, str) and v in REDIS_PARAMS for v in params.values())
+        if fixtures & REDIS_FIXTURES or redis_param:
             item.add_marker(pytest.mark.redis)
-        elif (folder not in SLOW_DIRS and "rls_factory" not in fixtures
-              and item.get_closest_marker("slow") is None):  # marked slow by the test itself
+        if fixtures & PROCESS_FIXTURES:
+            item.add_marker(pytest.mark.process)
+        if not {m.name for m in item.iter_markers()} & NOT_UNIT:
             item.add_marker(pytest.mark.unit)
+
+
+def _started_program(args: object) -> str | None:
+    """The server or rls a Popen argument list starts, if it starts one."""
+    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    if not argv:
+        return None
+    program = Path(argv[0]).name
+    if program in SERVER_PROGRAMS:
+        return program
+    if len(argv) >= 3 and argv[1] == "-m" and argv[2].split(".")[0] == "rls":
+        return "rls"
+    return None
+
+
+def _refuse_servers(real_init: Callable[..., None]) -> Callable[..., None]:
+    def guarded(self: subprocess.Popen[bytes], args: object, *rest: object,
+                **kwargs: object) -> None:
+        program = _started_program(args)
+        if program is not None:
+            raise AssertionError(
+                f"this test is marked unit but starts {program}: mark it process (or "
+                "redis/envoy/slow), see tests/README.md")
+        real_init(self, args, *rest, **kwargs)
+
+    return guarded
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A `unit` test that starts redis-server, Envoy, Prometheus or rls fails, naming it: also
+    from a fixture of any scope, which is set up and torn down inside this protocol."""
+    if item.get_closest_marker("unit") is None:
+        yield
+        return
+    real_init = subprocess.Popen.__init__
+    subprocess.Popen.__init__ = _refuse_servers(real_init)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = real_init  # type: ignore[method-assign]

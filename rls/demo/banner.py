@@ -1,7 +1,7 @@
 """What the interactive demo prints once it is up: where everything runs and curl commands
 to try, with the Envoy config's API keys and this run's ports filled in.
 
-The `ports:` line is read by tests/ship/test_demo.py; keep its shape. That test also runs every
+The `ports:` line is read by tests/deploy/test_demo.py; keep its shape. That test also runs every
 command under `Try:` as printed (comment lines start with `#`, a trailing backslash continues a
 command), so each must work when pasted into a shell.
 """

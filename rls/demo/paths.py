@@ -1,7 +1,7 @@
 """Where the demo's default files live: the checkout's `config/` and `envoy/` directories.
 
 Kept apart because the lookup is relative to this file's place in the package: moving the
-module changes how many parents up the checkout is (tests/ship/test_demo.py pins the result).
+module changes how many parents up the checkout is (tests/deploy/test_demo.py pins the result).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ every few seconds under load — longer than a whole decision budget. Three meas
   pause that slips through shows up in `rls_gc_pause_seconds` instead of as a mystery timeout.
 
 The hot path itself avoids cyclic garbage (no exceptions kept with tracebacks, no closures
-referring to their own frames); `tests/load/test_gc.py` counts what a burst of calls leaves for
+referring to their own frames); `tests/process/test_gc.py` counts what a burst of calls leaves for
 the collector.
 """
 

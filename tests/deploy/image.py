@@ -30,12 +30,12 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ship.test_dockerfile import DOCKERFILE, exec_form, stages
 from support.system import require_binary
 
 from .cache import cached
 from .container import Bind, contained
 from .runtime_stage import PYTHON_IMAGE_ENV, base_image, parse_env
+from .test_dockerfile import DOCKERFILE, exec_form, stages
 
 ROOT = DOCKERFILE.parent
 DEBOOTSTRAP_PACKAGES = "python3,python3-venv"

@@ -16,12 +16,12 @@ from typing import Any
 import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from ship.minihelm import deep_merge
-from ship.test_helm import ALL_ON, CHART
 from support.certs import CertAuthority
 from support.net import connectable, free_port, http_call
 
+from .minihelm import deep_merge
 from .runtime_stage import entrypoint_and_cmd
+from .test_helm import ALL_ON, CHART
 
 KUBERNETES = "1.30"
 RELEASE, NAMESPACE = "demo", "rate-limit"  # minihelm's defaults

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from ship.test_dockerfile import exec_form, one, stages
+from .test_dockerfile import exec_form, one, stages
 
 # The python image's own ENV that matters to what runs on it (its PATH has /usr/local first).
 PYTHON_IMAGE_ENV = {"PATH": "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",

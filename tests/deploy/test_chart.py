@@ -34,14 +34,12 @@ import pytest
 import yaml
 from dropin.helpers import decide
 from envoy.service.ratelimit.v3 import rls_pb2
-from ship.helpers import avoid_window_edge
-from ship.minihelm import render_chart
-from ship.test_helm import CHART
 from support.processes import stop_process
 from support.redis_server import RedisServer
 from support.waiting import wait_until
 
 from .cache import helm_binary
+from .helpers import avoid_window_edge
 from .kube import (
     KEY_PREFIX,
     KUBERNETES,
@@ -58,7 +56,11 @@ from .kube import (
     runnable,
     template,
 )
+from .minihelm import render_chart
 from .runtime_stage import runtime_env
+from .test_helm import CHART
+
+pytestmark = pytest.mark.slow
 
 CRD_GROUPS = {"monitoring.coreos.com"}
 OK = rls_pb2.RateLimitResponse.OK

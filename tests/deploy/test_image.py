@@ -27,7 +27,6 @@ import pytest
 from dropin.helpers import EG_ENV, Ports, Ratelimit, decide, eg_certificates, grpc_channel
 from envoy.service.ratelimit.v3 import rls_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from ship.helpers import avoid_window_edge
 from support.net import free_port
 from support.processes import stop_process
 from support.redis_server import RedisServer
@@ -36,6 +35,7 @@ from support.waiting import wait_until
 
 from .cache import helm_binary
 from .container import Bind, beside, contained, host_can_contain
+from .helpers import avoid_window_edge
 from .image import Image, build_image
 from .kube import KEY_PREFIX, channel, prepare_pod, probe_passes, runnable, template
 
@@ -46,7 +46,10 @@ NOBODY = 65534  # EG's runAsUser and runAsGroup
 LOG_PROBLEMS = re.compile(r"Read-only file system|Errno 30|Permission denied|Traceback")
 
 why_not = host_can_contain()
-pytestmark = pytest.mark.skipif(why_not is not None, reason=f"the image test {why_not}")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(why_not is not None, reason=f"the image test {why_not}"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from xds_config.ads_server import AdsServer
+from config.xds.ads_server import AdsServer
 
 from .helpers import EgCertificates, Ratelimit, start_eg_ads, start_ratelimit, world_readable_root
 

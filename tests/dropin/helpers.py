@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from config.xds.ads_server import AdsServer, TlsFiles
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from support.certs import CertAuthority
 from support.net import free_port, http_call
 from support.processes import stop_process
 from support.waiting import wait_until
-from xds_config.ads_server import AdsServer, TlsFiles
 
 from rls.settings.reference_env import honoured
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from config.xds.ads_server import AdsServer, domain, limit
 from envoy.service.ratelimit.v3 import rls_pb2
 from support.redis_server import RedisServer
-from xds_config.ads_server import AdsServer, domain, limit
 
 from rls.settings.reference_env import REFERENCE_VARIABLES, honoured, xds_supported
 

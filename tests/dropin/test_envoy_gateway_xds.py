@@ -22,17 +22,17 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from config.xds.ads_server import AdsServer, pb
 from e2e import conftest as e2e_fixtures
 from e2e.harness import Backend, Envoy, start_envoy
-from hostile.helpers import metric
+from grpc_access.envoy_tls import enable_mtls
 from support.envoy import find_envoy
+from support.metrics import metric
 from support.net import free_port
 from support.redis_server import RedisServer
 from support.waiting import wait_until
-from tls.envoy_tls import enable_mtls
 from tracing import conftest as tracing_fixtures
 from tracing.otlp_receiver import OtlpReceiver
-from xds_config.ads_server import AdsServer, pb
 
 from rls.config.xds.client import NACK_REASONS
 

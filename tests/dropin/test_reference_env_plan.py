@@ -157,6 +157,7 @@ def test_read_only_admin_may_listen_off_loopback_without_a_token(
         Settings(prometheus_addr=":9090", prometheus_path="metrics").validate()
 
 
+@pytest.mark.process
 def test_the_lines_are_logged_at_start(root: Path, launch: Callable[..., Ratelimit]) -> None:
     (root / "config").mkdir()
     env = {"RUNTIME_ROOT": str(root), "HOST": "127.0.0.1", "PORT": str(free_port()),

@@ -11,11 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 from envoy.service.ratelimit.v3 import rls_pb2
 from support.net import free_port
 from support.waiting import wait_until
 
 from .helpers import Ratelimit, config_text, decide, write
+
+pytestmark = pytest.mark.process
 
 RELOAD_TIMEOUT = 5.0  # the contract is 2 s; slack for a loaded machine
 

@@ -19,6 +19,8 @@ import yaml
 from . import gateway_variants
 from .harness import Backend, Gateway
 
+pytestmark = pytest.mark.envoy
+
 REQUESTS_PER_USER = 12
 USERS = ("alice", "bob")
 

@@ -32,6 +32,8 @@ from .harness import (
     wait_for,
 )
 
+pytestmark = pytest.mark.envoy
+
 CALLS = 20
 DESCRIPTORS = """\
 domain: llm

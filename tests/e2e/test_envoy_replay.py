@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rls.cli.main import parser
 from rls.cli.replay import outcome
 
 from .harness import Gateway, load_gateway, wait_for
 from .test_envoy_ratelimit import DESCRIPTORS
+
+pytestmark = pytest.mark.envoy
 
 ACCESS_LOG_FORMAT = {
     "start_time": "%START_TIME%",

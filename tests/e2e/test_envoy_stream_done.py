@@ -20,6 +20,8 @@ import pytest
 
 from .harness import HOUR, Gateway, Response, wait_for
 
+pytestmark = pytest.mark.envoy
+
 MAX_INFLIGHT = 2
 DOWNLOAD_BYTES = 1000
 RESPONSE_BYTES = 600

@@ -37,6 +37,8 @@ from .harness import (
     wait_for,
 )
 
+pytestmark = pytest.mark.envoy
+
 WARMUP_TENANT = "warm-up"
 HELD_S = 30.0  # bound of the wait for concurrent requests to reach the backend (a busy host)
 

@@ -8,6 +8,8 @@ import pytest
 
 from .harness import ENVOY_DIR
 
+pytestmark = pytest.mark.envoy
+
 CONFIGS = sorted(ENVOY_DIR.glob("*.yaml"))
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
-from operations.helpers import descriptor, request
+from support.calls import descriptor, request
 
 DOMAIN = "obs"
 CONFIG = """

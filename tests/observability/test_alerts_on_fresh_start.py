@@ -14,11 +14,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import start_redis, wait_until
 
 from .helpers import DOMAIN, run_workload, write_config
 from .prom import RULES_FILE, Prometheus, prometheus_binaries, start_prometheus
 from .test_prometheus import calls
+
+pytestmark = pytest.mark.slow
 
 FAILURE_ALERT = "RlsFailureModeAnswers"
 

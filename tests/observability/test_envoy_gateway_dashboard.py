@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+import pytest
 from conftest import start_redis, wait_until
 from dropin.helpers import (
     Ratelimit,
@@ -31,6 +32,8 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from .prom import Prometheus, prometheus_binaries, start_prometheus
+
+pytestmark = pytest.mark.slow
 
 DEFAULT_DOMAIN = "default/eg/http"  # the dashboard's DefaultDomain variable
 ROUTE = "httproute/default/http-ratelimit/rule/0/match/0/ratelimit_example"

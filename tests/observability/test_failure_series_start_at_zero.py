@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import http_get
 from prometheus_client.parser import text_string_to_metric_families
 
 from rls.observability.metrics import FAILURE_ANSWERS, FAILURE_REASONS, OVERLOAD_ANSWERS
+
+pytestmark = pytest.mark.slow
 
 CONFIG = (
     "domain: {name}\ndescriptors:\n  - key: k\n"

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 import yaml
 from conftest import http_get, start_redis, wait_until
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
-from operations.helpers import descriptor, request
+from support.calls import descriptor, request
 
 from .helpers import DOMAIN, run_workload, write_config
 from .prom import (
@@ -32,6 +33,8 @@ from .prom import (
     prometheus_binaries,
     start_prometheus,
 )
+
+pytestmark = pytest.mark.slow
 
 CACHE_RULES = """
 store_timeout_ms: 50

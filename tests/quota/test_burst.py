@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from prometheus_client import CollectorRegistry
 
@@ -25,6 +26,8 @@ from rls.stores.redis import RedisBackend
 
 from .test_service import report
 from .test_share import T0, Clock
+
+pytestmark = [pytest.mark.slow, pytest.mark.envoy]
 
 LIMIT = 20
 CONFIG = f"""

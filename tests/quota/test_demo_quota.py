@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.envoy]
 
 
 def test_demo_quota_smoke_passes_on_free_ports() -> None:

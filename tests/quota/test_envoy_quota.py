@@ -19,6 +19,8 @@ from e2e.harness import Envoy, http_get_text, wait_for
 
 from .conftest import DOMAIN, QuotaRig
 
+pytestmark = [pytest.mark.slow, pytest.mark.envoy]
+
 WINDOW_S = 5
 
 

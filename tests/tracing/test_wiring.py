@@ -1,36 +1,95 @@
-"""Where tracing sits: chosen once at start (plain handlers and store call when off), its
-settings read from the reference's TRACING_* names with located errors, the failure-mode
-reason on the spans of a call the store could not decide."""
+"""What tracing does to a decision: nothing at all when off; when on, the store call inside a
+server span is a child span named after the store. Its settings read from the reference's
+TRACING_* names with located errors, the failure-mode reason on the spans of a call the store
+could not decide."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
+from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
 from rls.cli.main import parser
 from rls.cli.serve import settings_from
+from rls.engine.decision import OK, OVER_LIMIT
+from rls.engine.limiter import DescriptorIn, RateLimiter
 from rls.process.server import Server
 from rls.settings import Settings
-from rls.tracing.wiring import TracedHandler, Tracing
+from rls.tracing.wiring import Tracing
+
+DESCRIPTORS = """
+domain: traced
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"""
+T0 = 1_699_999_200_000
 
 
-def test_tracing_off_leaves_the_plain_store_call_and_handlers() -> None:
-    server = Server(Settings())
+def _server(tmp_path: Path, **settings: object) -> Server:
+    """A built (not started) rls with a config loaded: what a decision needs, nothing more."""
+    config = tmp_path / "traced.yaml"
+    config.write_text(DESCRIPTORS)
+    server = Server(Settings(config=[str(config)], **settings))  # type: ignore[arg-type]
+    assert server.app.holder.reload()
+    return server
+
+
+async def _decide_twice(limiter: RateLimiter) -> list[int]:
+    codes = []
+    for _ in range(2):
+        decision = await limiter.should_rate_limit(
+            "traced", [DescriptorIn((("user", "ann"),))], 0, T0)
+        codes.append(decision.overall)
+    return codes
+
+
+def test_tracing_off_decides_through_the_store_without_any_span_machinery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _server(tmp_path)
     assert server.tracing is None
     limiter = server.app.limiter
-    assert limiter.call_store == limiter.store.decide  # the store's own call, unwrapped
+    assert limiter.call_store == limiter.store.decide  # the store policy's own call, unwrapped
+
+    def no_spans(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a decision looked for a span with tracing off")
+
+    monkeypatch.setattr(otel_trace, "get_current_span", no_spans)
+    monkeypatch.setattr(otel_trace, "get_tracer", no_spans)
+    assert asyncio.run(_decide_twice(limiter)) == [OK, OVER_LIMIT]
 
 
-def test_tracing_on_wraps_the_store_call_once_and_every_listeners_handlers() -> None:
-    server = Server(Settings(tracing_enabled=True))
-    tracing = server.tracing
-    assert tracing is not None
-    assert getattr(server.app.limiter.call_store, "__func__", None) is None
-    handlers = tracing.instrument((server.app.service.handler(),))
-    assert isinstance(handlers[0], TracedHandler)
+def test_tracing_on_puts_the_store_call_in_a_child_span_named_after_the_store(
+    tmp_path: Path,
+) -> None:
+    limiter = _server(tmp_path).app.limiter
+    memory = InMemorySpanExporter()
+    tracing = Tracing(Settings(tracing_enabled=True), CollectorRegistry(), limiter,
+                      exporter=memory)
+    tracer = tracing.provider.get_tracer("test")
+
+    async def decide_in_a_server_span() -> list[int]:
+        with tracer.start_as_current_span("ShouldRateLimit"):
+            return await _decide_twice(limiter)
+
+    assert asyncio.run(decide_in_a_server_span()) == [OK, OVER_LIMIT]
+    assert asyncio.run(_decide_twice(limiter)) == [OVER_LIMIT, OVER_LIMIT]  # no server span
+    assert tracing.flush(5.0)
+    spans = memory.get_finished_spans()
+    server_spans = [s for s in spans if s.name == "ShouldRateLimit"]
+    store_spans = [s for s in spans if s.name == f"{limiter.backend.name} decide"]
+    assert len(server_spans) == 1
+    # One store span per decision made inside the server span, none for those outside it.
+    assert len(store_spans) == 2 and len(spans) == 3
+    for span in store_spans:
+        assert span.parent is not None
+        assert span.parent.span_id == server_spans[0].context.span_id
+        assert span.attributes is not None and span.attributes["rls.store"] == "memory"
 
 
 def test_reference_tracing_variables_are_read_and_bad_values_named(
