@@ -112,6 +112,7 @@ def test_entries_the_two_decide_alike_are_not_said(caplog: pytest.LogCaptureFixt
     assert told(caplog) == []
 
 
+@pytest.mark.process  # runs `rls check-config`
 def test_check_config_notes_each_star_key_offline(tmp_path: Path) -> None:
     path = tmp_path / "f.yaml"
     path.write_text(FILE)
