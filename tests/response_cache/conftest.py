@@ -161,11 +161,17 @@ def uses_ssdb(item: pytest.Item) -> bool:
 NO_SSDB = pytest.StashKey[bool]()
 
 
+@pytest.hookimpl(tryfirst=True)  # before tests/conftest.py marks what is left `unit`
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without `SSDB_SERVER`, mark the SSDB tests to be skipped before any fixture runs."""
-    if ssdb_binary_setting() is None:
-        for item in items:
-            item.stash[NO_SSDB] = uses_ssdb(item)
+    """An SSDB test runs ssdb-server: marked `process` (never `unit`). Without `SSDB_SERVER`,
+    mark the SSDB tests to be skipped before any fixture runs."""
+    unset = ssdb_binary_setting() is None
+    for item in items:
+        ssdb = uses_ssdb(item)
+        if ssdb:
+            item.add_marker(pytest.mark.process)
+        if unset:
+            item.stash[NO_SSDB] = ssdb
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
