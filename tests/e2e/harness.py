@@ -143,6 +143,17 @@ class Gate:
             event.set()
 
 
+class _BurstServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer whose listen backlog takes a burst of connections.
+
+    The stdlib's backlog is 5: when Envoy opens 20 upstream connections at once and the accept
+    thread is slow (a busy host), the kernel drops the extra SYNs, the retry comes after 1 s,
+    past the cluster's connect_timeout, and Envoy answers 503 without reaching the backend.
+    """
+
+    request_queue_size = 128
+
+
 class Backend:
     """A plain HTTP/1.1 upstream on a free port that records what reached it.
 
@@ -208,7 +219,7 @@ class Backend:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _BurstServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(

@@ -78,6 +78,12 @@ def budget_gateway(
             LISTENER_PORT: listener, ADMIN_PORT: admin, RLS_PORT: rls.grpc_port,
             BACKEND_PORT: backend.port,
         })
+        # Held requests wait up to HELD_S for the others: Envoy's default route timeout (15 s)
+        # must not answer them first.
+        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        for vhost in hcm["typed_config"]["route_config"]["virtual_hosts"]:
+            for route in vhost["routes"]:
+                route["route"]["timeout"] = f"{int(HELD_S * 2)}s"
         envoy = start_envoy(envoy_binary, config, tmp_path, listener, admin)
         envoys.append(envoy)
         gw = Gateway(envoy, rls, backend, {}, backends=[backend], domain="llm")
