@@ -81,6 +81,8 @@ FLAGS = {
     "key_prefix": "prefix of every counter key",
     "local_cache": "answer keys known over limit without Redis until their reset (on/off)",
     "auto_pipeline": "decisions through one lean pipelined Redis connection per worker (on/off)",
+    "redis_leases": "decide hot fixed-window counters from tokens leased from Redis, exact "
+    "across processes (on/off)",
     "reload_interval": "seconds between config change checks (0 = no reload)",
     "shutdown_delay_ms": "after SIGTERM, keep serving this long with readiness 503",
     "drain_seconds": "then the longest wait for in-flight calls before exiting",

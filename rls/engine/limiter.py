@@ -424,9 +424,11 @@ class RateLimiter:
         fold_outcomes(self.metrics, checks, verdict.outcomes, statuses)
 
     def clear_local_cache(self) -> None:
-        """Forget locally known over-limit keys (a config reload may change the limits)."""
+        """Forget locally known over-limit keys and give leased tokens back (a config reload
+        may change the limits)."""
         if self._over_cache is not None:
             self._over_cache.clear()
+        self.store.config_changed()
 
     async def query(
         self, domain: str, descriptors: Sequence[DescriptorIn], now_ms: int | None = None

@@ -235,6 +235,27 @@ class Metrics:
             multiprocess_mode="livesum",
         )
 
+    def lease_counts(self) -> list[float]:
+        """Buffered counts of the leased counters (rls.stores.redis.leases.COUNT_NAMES order),
+        flushed into rls_lease_*_total like the request counts."""
+        from rls.stores.redis.leases import COUNT_NAMES
+
+        texts = {
+            "decisions": "Requests decided from leased tokens alone (no Redis call)",
+            "refills": "Calls that took tokens from a Redis counter for a lease",
+            "releases": "Calls that gave a lease's unused tokens back (idle, config change, "
+            "drain)",
+            "released_tokens": "Tokens given back to their Redis counters",
+            "stranded_tokens": "Leased tokens not handed out when their window ended",
+            "lost": "Leases whose Redis counter was lost (restart, flush, failover): what they "
+            "held was dropped, not dealt",
+        }
+        children = tuple(
+            Counter(f"rls_lease_{name}", texts[name], registry=self.registry)
+            for name in COUNT_NAMES
+        )
+        return self._buffer(children).values
+
     def _process_families(self, r: CollectorRegistry) -> None:
         """The process: garbage-collector pauses and frozen objects, event-loop lag, and whether
         the store accepted rls (readiness)."""

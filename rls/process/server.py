@@ -99,6 +99,7 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
             timeout_ms=max(settings.backend_timeout_ms, 1),
             breaker=breaker,
             auto_pipeline=settings.auto_pipeline,
+            leases=metrics.lease_counts() if settings.redis_leases else None,
             probe_timeout_ms=settings.probe_timeout_ms,
             tls=TlsClient(
                 settings.redis_tls_client_cert, settings.redis_tls_client_key,

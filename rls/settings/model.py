@@ -135,6 +135,8 @@ class Settings:
     # Answer keys known to be over limit locally until their reset (Redis only; 0 round trips).
     local_cache: bool = True
     auto_pipeline: bool = True  # concurrent Redis calls of a worker share one round trip
+    # Decide hot plain fixed windows from tokens leased from Redis (rls/stores/redis/leases.py).
+    redis_leases: bool = False
     breaker_threshold: int = 3  # consecutive connection errors that open the circuit
     probe_interval_ms: int = 100  # open circuit: PING the store this often; closes on success
     probe_timeout_ms: int = 200  # a probe PING slower than this counts as failed

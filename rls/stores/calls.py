@@ -14,6 +14,9 @@ It owns, for every operation (decide, peek, record_usage, usage_value):
 - the meaning of a failure: `decide` answers (outcomes, "") or (None, why) with why one of
   STORE_DOWN, STORE_ERROR, STORE_SLOW, OVERLOADED, so the failure mode can say what happened.
 
+Leased counters (`--redis-leases`, rls.stores.redis.leases) answer at once too when they
+decide a request alone; what they lack is taken by the store's own decide.
+
 The in-process store (MemoryBackend) answers at once: its calls run without a deadline or a
 breaker (there is nothing to wait for and nothing to break), and `round_trip` is False so the
 limiter keeps no local over-limit cache for it. This is the one place that tells the two apart.
@@ -31,6 +34,7 @@ from rls.stores.base import Backend, BackendError, StoreDown
 from rls.stores.deadline import OVERLOADED, Deadline, LoopLag
 from rls.stores.guard import within
 from rls.stores.memory import MemoryBackend
+from rls.stores.redis.leases import Leases
 
 T = TypeVar("T")
 
@@ -72,6 +76,10 @@ class StoreCalls:
         # Whether a call goes over the network (a local over-limit cache can save it).
         self.round_trip = self._memory is None
         self.decide: Decide = self._decide_at_once if self._memory else self._decide_remote
+        # Leased counters (--redis-leases): a request they decide alone is answered here, at
+        # once, like the memory store's; the rest go to the store, which takes what they lack.
+        leases = getattr(backend, "leases", None)
+        self._leases: Leases | None = leases if isinstance(leases, Leases) else None
 
     # -- decide: the decision of one request ------------------------------------------------
 
@@ -89,6 +97,10 @@ class StoreCalls:
         self, checks: Sequence[Check], now_ms: int | None, usage: Sequence[UsageOp],
         usage_ttl_ms: int, budget_s: float | None,
     ) -> tuple[list[Outcome] | None, str]:
+        if self._leases is not None and not usage:
+            outcomes = self._leases.decide_local(checks, now_ms)
+            if outcomes is not None:
+                return outcomes, ""
         deadline = self.deadline(budget_s)
         try:
             verdict = await self.verdict(checks, now_ms, usage, usage_ttl_ms, deadline)
@@ -132,6 +144,11 @@ class StoreCalls:
             if deadline.reason != OVERLOADED:  # never blame the store for our own lag
                 self.backend.suspect()
             raise
+
+    def config_changed(self) -> None:
+        """The limits may have changed: leased tokens go back to their counters."""
+        if self._leases is not None:
+            self._leases.config_changed()
 
     # -- beside the decision: reads and usage statistics ------------------------------------
 

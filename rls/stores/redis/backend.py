@@ -33,6 +33,7 @@ from rls.stores.redis.clock import StoreClock
 from rls.stores.redis.cluster import Cluster
 from rls.stores.redis.connect import NO_TLS_CLIENT, TlsClient, connect, refusal
 from rls.stores.redis.errors import judge
+from rls.stores.redis.leases import Leases
 from rls.stores.redis.node_breakers import NodeGroup
 from rls.stores.redis.scripts import ScriptBook
 from rls.stores.redis.standalone import Standalone, record_usage
@@ -54,6 +55,7 @@ class RedisOptions(TypedDict, total=False):
     auto_pipeline: bool
     probe_timeout_ms: int
     tls: TlsClient
+    leases: list[float] | None
 
 class RedisBackend:
     name = "redis"
@@ -69,7 +71,10 @@ class RedisBackend:
         auto_pipeline: bool = True,
         probe_timeout_ms: int = 200,
         tls: TlsClient = NO_TLS_CLIENT,
+        leases: list[float] | None = None,
     ) -> None:
+        """`leases`: decide hot plain fixed windows from leased tokens (`--redis-leases`,
+        leases.py), counting into this list (None: every decision goes to Redis)."""
         self.url = url
         # redis-py's own socket timeout is only a backstop: the limiter's deadline (store time,
         # net of our own lag) decides when a call is too slow.
@@ -99,6 +104,10 @@ class RedisBackend:
             Standalone(self.client, self.scripts, self.clock, auto_pipeline,
                        socket_timeout)
         )
+        self.leases: Leases | None = None
+        if leases is not None:
+            self.leases = Leases(self.client.register_script, self.script_call,
+                                 self.clock.now_ms, leases, max(timeout_ms, 1) / 1000)
 
     async def probe(self) -> bool:
         """PING on the probe connection (in its thread); False on any error or timeout."""
@@ -146,6 +155,8 @@ class RedisBackend:
                 self.clock.keep(self._probe_thread, self._probe_client.time, (RedisError, OSError)),
                 name="rls-store-clock",
             )
+        if self.leases is not None:
+            self.leases.start()
         self.breaker.close()
 
     async def _warm_pool(self) -> None:
@@ -158,6 +169,8 @@ class RedisBackend:
         await asyncio.gather(*(self.client.ping() for _ in range(warm)), return_exceptions=True)
 
     async def close(self) -> None:
+        if self.leases is not None:  # give the leased tokens back while Redis is still ours
+            await self.leases.close()
         await cancel_and_wait(self._clock_task)
         self._clock_task = None
         await self.breaker.stop()
@@ -194,7 +207,24 @@ class RedisBackend:
         deadline: Deadline | None = None,
     ) -> Verdict:
         """`deadline`: the call's budget (TimeoutError when it expires, `deadline.reason` says
-        why): watched by the wire's batch timer on the lean path, else by `guard.within`."""
+        why): watched by the wire's batch timer on the lean path, else by `guard.within`. With
+        leases, leased checks are decided from them and the others in one call."""
+        if self.leases is not None and not usage:
+            verdict = await self.leases.decide(
+                checks, now_ms, deadline, self._decide_direct, self._peek_within
+            )
+            if verdict is not None:
+                return verdict
+        return await self._decide_direct(checks, now_ms, deadline, usage, usage_ttl_ms)
+
+    async def _decide_direct(
+        self,
+        checks: Sequence[Check],
+        now_ms: int | None,
+        deadline: Deadline | None,
+        usage: Sequence[UsageOp] = (),
+        usage_ttl_ms: int = 0,
+    ) -> Verdict:
         now_ms, group = self._judged(checks, now_ms)
         topology = self.topology
         if group is not None and deadline is not None and deadline.probe is not None:
@@ -205,6 +235,11 @@ class RedisBackend:
         return await self.guard.run(
             topology.decide(checks, now_ms, usage, usage_ttl_ms), deadline, group
         )
+
+    async def _peek_within(
+        self, checks: Sequence[Check], now_ms: int | None, deadline: Deadline | None
+    ) -> Verdict:
+        return await self.peek(checks, now_ms)
 
     async def record_usage(
         self, ops: Sequence[UsageOp], ttl_ms: int, now_ms: int | None = None
