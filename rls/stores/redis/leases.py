@@ -302,7 +302,8 @@ class Leases:
         if record is None:
             return None
         window = limit.window_ms
-        lease = Lease(key, record, limit.requests_per_unit, now - now % window + window,
+        # int(): the wire packs exact ints only (a limit from YAML is an int subclass).
+        lease = Lease(key, record, int(limit.requests_per_unit), now - now % window + window,
                       granted_at=mono, used_at=mono)
         # The first rate: this period's decisions of the key, over the period so far.
         lease.rate = seen / SWEEP_S
