@@ -14,9 +14,13 @@ Reported per store (memory; Redis on a redis-server this script starts on a free
 - Python function calls per call (sys.setprofile, in a separate pass);
 - container objects allocated per call (gen-0 collections with the threshold at 1, in a
   separate pass: each collection follows one allocation of a GC-tracked object; an estimate);
+- Redis commands per decision (INFO commandstats: an EVALSHA and each command its script
+  runs): 1 + one INCRBY per descriptor without leases, a refill per many decisions with them
+  (`redis-leases`: `--redis-leases`; the same bytes again and again are hot keys);
 - calls answered by the failure mode during the timed rounds (a figure with any is INVALID).
 
     python benchmarks/handler_cpu.py                      # memory and Redis, ~30 s
+    python benchmarks/handler_cpu.py --stores memory,redis,redis-leases   # leases too
     python benchmarks/handler_cpu.py --stores memory --rounds 20 --calls 20000
     PYTHONPATH=/tmp/rls-old python benchmarks/handler_cpu.py   # another revision's rls
 
@@ -63,15 +67,31 @@ class Context:
         return "ipv4:127.0.0.1:1"
 
 
-def build(store_url: str | None, config_dir: Path) -> Any:
+def build(store_url: str | None, config_dir: Path, leases: bool = False) -> Any:
     from rls.process.server import build_app
     from rls.settings import Settings
 
-    settings = Settings(config=[str(config_dir)], redis_url=store_url or "")
+    extra = {"redis_leases": True} if leases else {}  # an older revision has no such setting
+    settings = Settings(config=[str(config_dir)], redis_url=store_url or "", **extra)
     app = build_app(settings)
     if not app.holder.reload(log_error=True):
         raise SystemExit(f"config did not load: {app.holder.last_error}")
     return app
+
+
+def redis_commands(app: Any) -> int | None:
+    """Commands Redis ran so far (an EVALSHA and each command its script ran count one each),
+    None for the memory store."""
+    url = app.settings.redis_url
+    if not url:
+        return None
+    import redis
+
+    stats = redis.Redis.from_url(url).info("commandstats")
+    ignored = ("cmdstat_info", "cmdstat_ping", "cmdstat_script", "cmdstat_client",
+               "cmdstat_hello", "cmdstat_time", "cmdstat_select", "cmdstat_command")
+    return sum(int(v["calls"]) for k, v in stats.items()
+               if k.startswith("cmdstat_") and k not in ignored)
 
 
 def failure_answers(app: Any) -> float:
@@ -84,7 +104,7 @@ def failure_answers(app: Any) -> float:
 async def run_store(store: str, url: str | None, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "bench.yaml").write_text(BENCH_CONFIG)
-        app = build(url, Path(tmp))
+        app = build(url, Path(tmp), leases=store == "redis-leases")
         await app.backend.start()
         try:
             return await measure(store, app, args)
@@ -101,6 +121,7 @@ async def measure(store: str, app: Any, args: argparse.Namespace) -> dict[str, A
     app.metrics.flush()
     before_failures = failure_answers(app)
 
+    commands_before = redis_commands(app)
     per_call: list[float] = []
     gc.collect()
     for _ in range(args.rounds):
@@ -110,6 +131,9 @@ async def measure(store: str, app: Any, args: argparse.Namespace) -> dict[str, A
         per_call.append((time.process_time() - start) / args.calls * 1e6)
     app.metrics.flush()
     failures = failure_answers(app) - before_failures
+    commands = redis_commands(app)
+    per_decision = (None if commands is None or commands_before is None
+                    else (commands - commands_before) / (args.rounds * args.calls))
 
     calls = await count_python_calls(handler, data, ctx, args.count_calls)
     objects = await count_allocations(handler, data, ctx, args.count_calls)
@@ -120,6 +144,7 @@ async def measure(store: str, app: Any, args: argparse.Namespace) -> dict[str, A
         "python_calls_per_call": calls,
         "gc_objects_per_call": objects,
         "failure_mode_answers": failures,
+        "redis_commands_per_decision": per_decision,
         "rounds": args.rounds,
         "calls_per_round": args.calls,
     }
@@ -183,7 +208,7 @@ def main() -> None:
 
     rows = []
     for store in args.stores.split(","):
-        if store == "redis":
+        if store.startswith("redis"):
             server = start_redis()
             try:
                 with asyncio.Runner(loop_factory=loop_factory) as runner:
@@ -194,14 +219,16 @@ def main() -> None:
             with asyncio.Runner(loop_factory=loop_factory) as runner:
                 rows.append(runner.run(run_store(store, None, args)))
 
-    print(f"{'store':8} {'CPU µs/call min/median/max':>28} {'py calls':>9} {'objects':>8} "
-          f"{'failure-mode answers':>21}")
+    print(f"{'store':13} {'CPU µs/call min/median/max':>28} {'py calls':>9} {'objects':>8} "
+          f"{'Redis cmds/decision':>20} {'failure-mode answers':>21}")
     for row in rows:
         cpu = row["cpu_us_per_call"]
         valid = "" if row["failure_mode_answers"] == 0 else "  INVALID"
-        print(f"{row['store']:8} {cpu['min']:8.1f} {cpu['median']:8.1f} {cpu['max']:8.1f}    "
+        cmds = row["redis_commands_per_decision"]
+        cmds_cell = "-" if cmds is None else f"{cmds:.3f}"
+        print(f"{row['store']:13} {cpu['min']:8.1f} {cpu['median']:8.1f} {cpu['max']:8.1f}    "
               f"{row['python_calls_per_call']:9.1f} {row['gc_objects_per_call']:8.1f} "
-              f"{row['failure_mode_answers']:21.0f}{valid}")
+              f"{cmds_cell:>20} {row['failure_mode_answers']:21.0f}{valid}")
     write_results("handler_cpu", {"rows": rows, "environment": environment()}, args.quick)
 
 
