@@ -21,6 +21,7 @@ Reported per store (memory; Redis on a redis-server this script starts on a free
 
     python benchmarks/handler_cpu.py                      # memory and Redis, ~30 s
     python benchmarks/handler_cpu.py --stores memory,redis,redis-leases   # leases too
+    python benchmarks/handler_cpu.py --unique     # a new counter per call (no memo, no plan)
     python benchmarks/handler_cpu.py --stores memory --rounds 20 --calls 20000
     PYTHONPATH=/tmp/rls-old python benchmarks/handler_cpu.py   # another revision's rls
 
@@ -41,6 +42,7 @@ from typing import Any
 
 from _common import (
     BENCH_CONFIG,
+    DESCRIPTORS,
     environment,
     request_bytes,
     start_redis,
@@ -112,6 +114,17 @@ async def run_store(store: str, url: str | None, args: argparse.Namespace) -> di
             await app.backend.close()
 
 
+def unique_requests(n: int) -> list[bytes]:
+    """`n` requests of the gateway shape, each with its own client address: a new counter
+    and a request never seen before (no memo, no plan) on every call."""
+    return [
+        request_bytes(descriptors=(*DESCRIPTORS[:2],
+                                   (("remote_address", f"10.{i >> 16 & 255}.{i >> 8 & 255}"
+                                                       f".{i & 255}"),)))
+        for i in range(n)
+    ]
+
+
 async def measure(store: str, app: Any, args: argparse.Namespace) -> dict[str, Any]:
     handler = app.service.should_rate_limit
     data = request_bytes()
@@ -120,14 +133,19 @@ async def measure(store: str, app: Any, args: argparse.Namespace) -> dict[str, A
         await handler(data, ctx)
     app.metrics.flush()
     before_failures = failure_answers(app)
+    fresh = unique_requests(args.rounds * args.calls) if args.unique else None
 
     commands_before = redis_commands(app)
     per_call: list[float] = []
     gc.collect()
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         start = time.process_time()
-        for _ in range(args.calls):
-            await handler(data, ctx)
+        if fresh is None:
+            for _ in range(args.calls):
+                await handler(data, ctx)
+        else:
+            for one in fresh[r * args.calls:(r + 1) * args.calls]:
+                await handler(one, ctx)
         per_call.append((time.process_time() - start) / args.calls * 1e6)
     app.metrics.flush()
     failures = failure_answers(app) - before_failures
@@ -139,6 +157,7 @@ async def measure(store: str, app: Any, args: argparse.Namespace) -> dict[str, A
     objects = await count_allocations(handler, data, ctx, args.count_calls)
     row = {
         "store": store,
+        "unique_keys": args.unique,
         "cpu_us_per_call": {"min": min(per_call), "median": statistics.median(per_call),
                             "max": max(per_call)},
         "python_calls_per_call": calls,
@@ -196,6 +215,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10_000, help="calls per timed round")
     parser.add_argument("--count-calls", type=int, default=500,
                         help="calls in the counting passes (Python calls, allocations)")
+    parser.add_argument("--unique", action="store_true",
+                        help="a new client address (a new counter, no memo) on every call")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -229,7 +250,8 @@ def main() -> None:
         print(f"{row['store']:13} {cpu['min']:8.1f} {cpu['median']:8.1f} {cpu['max']:8.1f}    "
               f"{row['python_calls_per_call']:9.1f} {row['gc_objects_per_call']:8.1f} "
               f"{cmds_cell:>20} {row['failure_mode_answers']:21.0f}{valid}")
-    write_results("handler_cpu", {"rows": rows, "environment": environment()}, args.quick)
+    name = "handler_cpu_unique" if args.unique else "handler_cpu"
+    write_results(name, {"rows": rows, "environment": environment()}, args.quick)
 
 
 if __name__ == "__main__":

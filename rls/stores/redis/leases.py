@@ -198,7 +198,7 @@ class Leases:
             outcomes.append(Outcome(True, True, lease.limit - used - hits, lease.end_ms - now,
                                     used))
             if lease.refill is None and lease.left < lease.grant * LOW_WATER:
-                self._spawn(self._refill(lease, 1, None, now))  # off the reply path
+                self._spawn(self._begin(lease, 1, now, None))  # off the reply path
         self.counts[DECISIONS] += 1
         return outcomes
 
@@ -325,27 +325,48 @@ class Leases:
         self, lease: Lease, need: int, deadline: Deadline | None, now: int
     ) -> None:
         """Take tokens for `lease` (at least `need` - what it holds, if the counter has them)
-        at `now` (the store's clock); one call at a time per lease: a caller arriving meanwhile
-        waits for the one in flight. In the background (no `deadline`), a failure only leaves
-        the lease as it was: the next request that finds it empty asks Redis itself."""
+        at `now` (the store's clock), under `deadline`; one call at a time per lease: a caller
+        arriving meanwhile waits for the one in flight."""
         while lease.refill is not None:
             await asyncio.shield(lease.refill)
             if lease.left >= need:
                 return
         if now >= lease.end_ms:
             return  # the window is over: the request's next try picks the next one
+        await self._begin(lease, need, now, deadline)
+
+    def _begin(
+        self, lease: Lease, need: int, now: int, deadline: Deadline | None
+    ) -> Awaitable[None]:
+        """Mark `lease` as refilling, at once (a request decided before the call starts must
+        not begin another), and return the call. In the background (no `deadline`) a failure
+        only leaves the lease as it was: the next request that finds it empty asks Redis."""
         mono = time.monotonic()
         want = self._want(lease, need, now, mono)
         lease.refill = asyncio.get_running_loop().create_future()
+        return self._take(lease, want, need, now, mono, deadline or self._own())
+
+    async def _take(
+        self, lease: Lease, want: int, need: int, now: int, mono: float, deadline: Deadline
+    ) -> None:
         try:
             reply = await self._call(
                 self._script, [lease.key, lease.record],
                 [self.holder, want, lease.limit, lease.end_ms - now + GRACE_MS, 0, lease.held],
-                deadline or self._own(),
+                deadline,
             )
             self._took(lease, reply, need, mono)
         finally:
-            refill, lease.refill = lease.refill, None
+            self._settled(lease)
+        if self.leases.get(lease.key) is not lease and lease.left:
+            # Released (idle, config change) while this call was in flight: give it back too.
+            self._spawn(self._give_back(lease))
+
+    @staticmethod
+    def _settled(lease: Lease) -> None:
+        """The refill in flight is over (done, failed, or never started): wake its waiters."""
+        refill, lease.refill = lease.refill, None
+        if refill is not None and not refill.done():
             refill.set_result(None)
 
     def _took(self, lease: Lease, reply: Sequence[Any], need: int, mono: float) -> None:
@@ -423,6 +444,7 @@ class Leases:
         leases = list(self.leases.values())
         self.leases.clear()
         self._seen.clear()
+
         now = self._now_ms()
         calls: list[Awaitable[None]] = []
         for lease in leases:
@@ -446,6 +468,7 @@ class Leases:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        await asyncio.gather(*list(self._background), return_exceptions=True)  # refills
         await asyncio.gather(*self.release_all(), *list(self._background),
                              return_exceptions=True)
 

@@ -188,6 +188,28 @@ async def test_a_request_refused_by_a_check_decided_per_call_gives_its_leased_hi
     assert lease.left == before, "the leased hits of a refused request went back to the lease"
 
 
+async def test_a_lease_running_low_starts_one_refill_however_many_requests_find_it_low(
+    server: RedisServer, leased: Callable[[], Awaitable[RedisBackend]],
+) -> None:
+    limit = Limit(requests_per_unit=100_000, unit=Unit.MINUTE, full_key="l.storm")
+    check = Check(0, limit, "lease:storm", 1)
+    calls = calls_of(await leased())
+    for _ in range(2 * HOT_CALLS):
+        await decide(calls, [check])
+    leases = leases_of(calls)
+    await asyncio.gather(*leases._background)
+    (lease,) = leases.leases.values()
+    # Requests decided back to back without yielding to the loop (a burst read from one
+    # socket): the lease falls under its low-water mark once, and only one refill starts.
+    decided = 0
+    while lease.left > 0:
+        assert leases.decide_local([check], NOW) is not None
+        decided += 1
+    assert decided > 1 and len(leases._background) == 1
+    await asyncio.gather(*leases._background)
+    assert lease.left > 0, "the refill landed"
+
+
 async def test_an_idle_lease_gives_its_unused_tokens_back_to_the_counter(
     server: RedisServer, leased: Callable[[], Awaitable[RedisBackend]],
 ) -> None:
@@ -206,6 +228,23 @@ async def test_an_idle_lease_gives_its_unused_tokens_back_to_the_counter(
     assert counter(server, check) == 100, "exactly the hits handed out stay counted"
     assert not leases.leases
     assert leases.counts[RELEASED] > 0
+
+
+async def test_a_config_change_gives_every_lease_back(
+    server: RedisServer, leased: Callable[[], Awaitable[RedisBackend]],
+) -> None:
+    limit = Limit(requests_per_unit=10_000, unit=Unit.MINUTE, full_key="l.reload")
+    check = Check(0, limit, "lease:reload", 1)
+    calls = calls_of(await leased())
+    for _ in range(100):
+        await decide(calls, [check])
+    leases = leases_of(calls)
+    await asyncio.gather(*leases._background)
+    assert counter(server, check) > 100  # leased ahead
+    calls.config_changed()  # what the limiter does on every reload or xDS push
+    await asyncio.gather(*leases._background)
+    assert counter(server, check) == 100
+    assert not leases.leases
 
 
 async def test_draining_gives_every_lease_back(server: RedisServer) -> None:
