@@ -235,11 +235,10 @@ class Metrics:
             multiprocess_mode="livesum",
         )
 
-    def lease_counts(self) -> list[float]:
-        """Buffered counts of the leased counters (rls.stores.redis.leases.COUNT_NAMES order),
-        flushed into rls_lease_*_total like the request counts."""
-        from rls.stores.redis.leases import COUNT_NAMES
-
+    def lease_counts(self, names: Sequence[str]) -> list[float]:
+        """Buffered counts of the leased counters, in the order of `names`
+        (rls.stores.redis.leases.COUNT_NAMES), flushed into rls_lease_<name>_total like the
+        request counts."""
         texts = {
             "decisions": "Requests decided from leased tokens alone (no Redis call)",
             "refills": "Calls that took tokens from a Redis counter for a lease",
@@ -252,7 +251,7 @@ class Metrics:
         }
         children = tuple(
             Counter(f"rls_lease_{name}", texts[name], registry=self.registry)
-            for name in COUNT_NAMES
+            for name in names
         )
         return self._buffer(children).values
 

@@ -56,6 +56,7 @@ from rls.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rls.stores.deadline import LoopLag
 from rls.stores.redis import StoreRejected
 from rls.stores.redis.connect import TlsClient
+from rls.stores.redis.leases import COUNT_NAMES as LEASE_COUNTS
 from rls.stores.redis.urls import redact
 from rls.tracing import start_tracing
 
@@ -99,7 +100,7 @@ def build_app(settings: Settings, backend: Backend | None = None) -> App:
             timeout_ms=max(settings.backend_timeout_ms, 1),
             breaker=breaker,
             auto_pipeline=settings.auto_pipeline,
-            leases=metrics.lease_counts() if settings.redis_leases else None,
+            leases=metrics.lease_counts(LEASE_COUNTS) if settings.redis_leases else None,
             probe_timeout_ms=settings.probe_timeout_ms,
             tls=TlsClient(
                 settings.redis_tls_client_cert, settings.redis_tls_client_key,

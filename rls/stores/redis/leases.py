@@ -48,6 +48,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from rls.core.algorithms.base import GRACE_MS
@@ -135,8 +136,6 @@ class Leases:
         counts: list[float],
         timeout_s: float,
     ) -> None:
-        from importlib import resources
-
         text = (resources.files("rls") / "lua" / "lease.lua").read_text(encoding="utf-8")
         self._script = register_script(text)
         self._call = script_call
