@@ -115,9 +115,12 @@ class RateLimiter:
         request_hits: int = 0,
         now_ms: int | None = None,
         budget_s: float | None = None,
+        repeat: bool = True,
     ) -> Decision:
         """Decide one request. `budget_s`: the caller's own time left (its gRPC deadline less a
-        margin); None uses --backend-timeout-ms."""
+        margin); None uses --backend-timeout-ms. `repeat`: the same request was seen before
+        (the service's parse memo handed these descriptors again), so its shape is worth a
+        plan; a request seen once (a new caller, a unique key) is decided without one."""
         config = self._config()
         if config is None:
             raise NoConfigLoaded("no rate limit configuration loaded")
@@ -131,9 +134,14 @@ class RateLimiter:
             return Decision(OK, statuses)
 
         memo = self._memo(config, domain)
-        checks = self._planned_checks(
-            dom, domain, descriptors, request_hits, now_ms, statuses, memo
-        )
+        if repeat:
+            checks = self._planned_checks(
+                dom, domain, descriptors, request_hits, now_ms, statuses, memo
+            )
+        else:
+            checks, _ = self._checks(
+                dom, domain, descriptors, request_hits, now_ms, statuses, memo
+            )
         usage = self._usage(dom, domain, descriptors, now_ms)
         over_cache = self._over_cache
         cands = 0  # candidate checks at the end of `checks` (rls/core/admission.py)

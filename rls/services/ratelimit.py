@@ -76,6 +76,7 @@ class RateLimitService:
     async def should_rate_limit(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         started = time.perf_counter()
         parsed = self._parsed.get(data)
+        repeat = parsed is not None
         if parsed is None:
             parsed = await self._parse(data, context)
         domain, descriptors, request_hits, request = parsed
@@ -98,7 +99,7 @@ class RateLimitService:
         self._inflight += 1
         try:
             decision = await self.limiter.should_rate_limit(
-                domain, descriptors, request_hits, budget_s=budget
+                domain, descriptors, request_hits, budget_s=budget, repeat=repeat
             )
         except InvalidRequest as exc:
             await self._reject(context, str(exc))

@@ -40,6 +40,7 @@ from rls.cli.serve import settings_from
 from rls.process.listeners import split_addr
 from rls.process.server import build_app
 from rls.settings import Settings
+from rls.stores.redis.leases import LEASE_FILE
 from rls.stores.redis.scripts import ALGORITHM_FILES
 
 from .helpers import ROOT
@@ -279,7 +280,7 @@ def test_build_stage_has_everything_pip_wheel_needs(tmp_path: Path):
     data = PYPROJECT["tool"]["setuptools"]["package-data"]["rls"]
     assert "lua/*.lua" in data
     shipped = {p.name for p in lua.glob("*.lua") if not ignored(f"lua/{p.name}")}
-    assert {*ALGORITHM_FILES, "decide.lua"} <= shipped
+    assert {*ALGORITHM_FILES, "decide.lua", LEASE_FILE} <= shipped
 
 
 @pytest.mark.process

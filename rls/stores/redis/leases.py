@@ -57,6 +57,7 @@ from rls.stores.deadline import Deadline, LoopLag
 
 log = logging.getLogger("rls.backend")
 
+LEASE_FILE = "lease.lua"  # in rls/lua/, shipped with the wheel
 MIN_LIMIT = 100  # smaller limits go direct
 HOT_CALLS = 8  # decisions of a window key in one sweep period before it is leased
 HORIZON_S = 0.1  # a grant covers this long of this process's demand on the key
@@ -136,7 +137,7 @@ class Leases:
         counts: list[float],
         timeout_s: float,
     ) -> None:
-        text = (resources.files("rls") / "lua" / "lease.lua").read_text(encoding="utf-8")
+        text = (resources.files("rls") / "lua" / LEASE_FILE).read_text(encoding="utf-8")
         self._script = register_script(text)
         self._call = script_call
         self._now_ms = now_ms
