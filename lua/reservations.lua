@@ -39,10 +39,9 @@ for _, member in ipairs(old) do
   freed = freed + overhead + string.len(member)
   dropped = dropped + 1
 end
-if dropped > 0 then
-  redis.call('HINCRBY', KEYS[3], 'bytes', -freed)
-  redis.call('HINCRBY', KEYS[3], 'open', -closed)
-end
+-- (never a -0: HINCRBY refuses "-0")
+if freed > 0 then redis.call('HINCRBY', KEYS[3], 'bytes', -freed) end
+if closed > 0 then redis.call('HINCRBY', KEYS[3], 'open', -closed) end
 local bytes = tonumber(redis.call('HGET', KEYS[3], 'bytes') or '0')
 
 local res = {expired, dropped}
@@ -66,6 +65,7 @@ if mode == 'o' then
     redis.call('HINCRBY', KEYS[3], 'bytes', added)
     redis.call('HINCRBY', KEYS[3], 'open', opened)
   end
+  bytes = bytes + added
 elseif mode == 's' then
   local added, settled = 0, 0
   for i = 6, #ARGV, 2 do
@@ -91,6 +91,7 @@ elseif mode == 's' then
   end
   if added > 0 then redis.call('HINCRBY', KEYS[3], 'bytes', added) end
   if settled > 0 then redis.call('HINCRBY', KEYS[3], 'open', -settled) end
+  bytes = bytes + added
 end
 res[#res + 1] = tonumber(redis.call('HGET', KEYS[3], 'open') or '0')
 res[#res + 1] = bytes
