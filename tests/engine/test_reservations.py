@@ -12,7 +12,10 @@ from __future__ import annotations
 import pytest
 
 from rls.config.loader import load_files
+from rls.core.model import Check, Outcome
+from rls.engine.decision import Status
 from rls.engine.limiter import OK, OVER_LIMIT, DescriptorIn, RateLimiter
+from rls.engine.over_limit_cache import OverLimitCache
 from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.memory import MemoryBackend
@@ -171,3 +174,17 @@ async def test_descriptors_without_reserve_entries_decide_as_ever() -> None:
     for _ in range(2):
         assert await decide(lim, DescriptorIn((("plain", "acme"),), 1000)) == OK
     assert await decide(lim, DescriptorIn((("plain", "acme"),), 0)) == OVER_LIMIT
+
+
+def test_the_local_over_limit_cache_never_holds_a_reserve_limit() -> None:
+    """A settle on any replica gives room back: a key refused by a reservation must be asked
+    again, not answered over limit from one replica's memory until its window resets."""
+    config = load_files([("llm.yaml", YAML)])
+    (tenant_limit,) = config.domains["llm"].root.ordered[0].limits
+    (plain_limit,) = config.domains["llm"].root.ordered[2].limits
+    cache = OverLimitCache(Metrics())
+    checks = [Check(0, tenant_limit, "rl:t", 800), Check(0, plain_limit, "rl:p", 800)]
+    refused = Outcome(ok=False, charged=False, remaining=0, reset_ms=60_000, used=1600)
+    cache.remember(checks, [refused, refused])
+    assert cache.answer([checks[0]], [Status()]) is None
+    assert cache.answer([checks[1]], [Status()]) is checks[1]
