@@ -14,9 +14,10 @@ Three runs, each in a window of its own:
   their charges landed, so the budget is overshot by up to the concurrency's tokens;
 - `reserve`: envoy/token-budget-reserve.yaml with `reserve:` in rls's YAML: the estimate is
   held at request time, settled at stream end: the counter never passes the budget;
-- `reserve + Envoy killed`: the same, with Envoy killed (SIGKILL) a third into the window while
-  requests stream, and a new Envoy started: the killed streams never settle; their
-  reservations expire after `expire_after` (5 s here) with their estimates kept (stranded).
+- `reserve + Envoy killed`: the same, with Envoy killed (SIGKILL) while requests stream (once
+  a quarter of the concurrency holds reservations), and a new Envoy started: the killed
+  streams never settle; their reservations expire after `expire_after` (5 s here) with their
+  estimates kept (stranded: charged for requests whose use rls never learnt).
 
 Figures per run: requests admitted and refused, the tokens charged (the counter, sampled every
 25 ms: its maximum), the overshoot (tokens charged past the budget), the tokens the admitted
@@ -75,7 +76,7 @@ class StreamingBackend:
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 query = parse_qs(urlsplit(self.path).query)
                 tokens, ms = query["tokens"][0], int(query["ms"][0])
                 try:
@@ -226,7 +227,7 @@ def one_run(name: str, envoy_file: str, reserve: bool, args: argparse.Namespace,
                 else:
                     run.refused += 1
             if status != 200:
-                time.sleep(0.02)  # refused: a short pause before asking again
+                time.sleep(0.05)  # refused: a short pause before asking again
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -235,9 +236,15 @@ def one_run(name: str, envoy_file: str, reserve: bool, args: argparse.Namespace,
     for t in clients:
         t.start()
     if kill:
-        time.sleep(max(0.0, (end - args.window + args.window / 3) - time.time()))
+        # In the middle of streams: once several reservations are open (the first requests of
+        # the window stream for 0.2-0.6 s; the budget may be spent within a second).
+        started = end - args.window
+        wait_until(lambda: rls.metric("rls_reservations_open") >= args.concurrency // 4, 10,
+                   "reservations open to kill Envoy under")
+        open_at_kill = int(rls.metric("rls_reservations_open"))
         gw.kill()
-        run.notes.append(f"Envoy killed at {args.window / 3:.0f} s with requests streaming")
+        run.notes.append(f"Envoy killed (SIGKILL) {time.time() - started:.1f} s into the window "
+                         f"with {open_at_kill} reservations open; a new Envoy started")
         gw.start()
     for t in clients:
         t.join()
