@@ -21,7 +21,16 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1000}
 
 
 def parse_reserve(file: str, spec: Any, path: str) -> Reserve:
-    """`reserve:` of the limit at `path`; ConfigError (field `reserve`) when it is wrong."""
+    """`reserve:` of the limit at `path`; ConfigError (field `reserve`, so that it points at
+    the `reserve:` line) when it is wrong."""
+    try:
+        return _reserve(file, spec, path)
+    except ConfigError as exc:
+        exc.field = "reserve"
+        raise
+
+
+def _reserve(file: str, spec: Any, path: str) -> Reserve:
 
     def fail(message: str) -> ConfigError:
         return ConfigError(file, f"'{path}': reserve: {message}", field="reserve")
