@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rls.config.model import Domain
+from rls.core.algorithms.fixed_window import window_bounds
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, QUOTA, SHADOW, Check
 from rls.engine.decision import DescriptorIn
 from rls.observability.metrics import Metrics
@@ -79,13 +80,10 @@ def split(
 
 
 def window_end(check: Check, now_ms: int) -> int:
-    """End of the window `check` charges in (0: unknown, a rolling window)."""
-    if check.bounds is not None:
-        return check.bounds[1]
-    limit = check.limit
-    if limit.rolling or not limit.window_ms:
+    """End of the window `check` charges in (0: unknown, a rolling window: its key's own)."""
+    if check.limit.rolling or not check.limit.window_ms:
         return 0
-    return (now_ms // limit.window_ms + 1) * limit.window_ms
+    return window_bounds(now_ms, check)[1]
 
 
 class Reservations:
