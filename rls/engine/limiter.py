@@ -35,7 +35,7 @@ from rls.engine.decision_log import DecisionLog
 from rls.engine.fallback import FallbackLimiter
 from rls.engine.outcomes import OverrideLimits, fold_outcomes
 from rls.engine.over_limit_cache import OverLimitCache
-from rls.engine.reservations import SWEEP_INTERVAL_S, Reservations, split
+from rls.engine.reservations import SWEEP_INTERVAL_S, Reservations, Tag, split
 from rls.engine.rules import COUNTED, UNLIMITED, domain_shadowed, failure_mode, limit_role
 from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.engine.unknown_domains import UnknownDomains
@@ -151,19 +151,14 @@ class RateLimiter:
             checks = self._planned_checks(
                 dom, domain, descriptors, request_hits, now_ms, statuses, memo
             )
-        else:  # `reserve:` entries (rls.engine.reservations): never planned, ids differ
-            descriptors, tags = split_up
-            checks, _ = self._checks(
-                dom, domain, descriptors, request_hits, now_ms, statuses, memo
+        else:
+            descriptors = split_up[0]
+            reserved = await self._reserve_checks(
+                dom, domain, split_up, request_hits, now_ms, statuses, memo
             )
-            if any(tag.settle for tag in tags):
-                try:
-                    checks = await self.reservations.settling(checks, tags, now_ms)
-                except (BackendError, TimeoutError) as exc:
-                    self._store_failed(exc)
-                    return self._failure_answer(dom, domain, checks, statuses, STORE_ERROR)
-            else:
-                openings = self.reservations.reserving(checks, tags, now_ms)
+            if isinstance(reserved, Decision):
+                return reserved
+            checks, openings = reserved
         usage = self._usage(dom, domain, descriptors, now_ms)
         over_cache = self._over_cache
         cands = 0  # candidate checks at the end of `checks` (rls/core/admission.py)
@@ -194,6 +189,30 @@ class RateLimiter:
         return self._answer(
             domain, descriptors, request_hits, now_ms, statuses, overall, memo, logged
         )
+
+    async def _reserve_checks(
+        self,
+        dom: Domain,
+        domain: str,
+        split_up: tuple[list[DescriptorIn], list[Tag]],
+        request_hits: int,
+        now_ms: int | None,
+        statuses: list[Status],
+        memo: BoundedCache,
+    ) -> tuple[list[Check], list[Opening]] | Decision:
+        """The checks of a request with `reserve:` entries (rls.engine.reservations; never
+        planned: every request id differs): a settle's, or a reservation's with the openings
+        to record once admitted. The failure mode's answer when a settle could not take its
+        reservations."""
+        descriptors, tags = split_up
+        checks, _ = self._checks(dom, domain, descriptors, request_hits, now_ms, statuses, memo)
+        if not any(tag.settle for tag in tags):
+            return checks, self.reservations.reserving(checks, tags, now_ms)
+        try:
+            return await self.reservations.settling(checks, tags, now_ms), []
+        except (BackendError, TimeoutError) as exc:
+            self._store_failed(exc)
+            return self._failure_answer(dom, domain, checks, statuses, STORE_ERROR)
 
     async def _decide_checks(
         self,
@@ -523,10 +542,17 @@ class RateLimiter:
     async def sweep_reservations(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
         """Drop expired reservations every `interval_s` while the config declares `reserve:`
         (rls.stores.reservations); a failed sweep waits for the next."""
+        seen: RateLimitConfig | None = None
+        reserves = False
         while True:
             await asyncio.sleep(interval_s)
             config = self._config()
-            if config is None or not any(d.reserve_ids for d in config.domains.values()):
+            if config is not seen:  # looked up once per loaded config
+                seen = config
+                reserves = config is not None and any(
+                    d.reserve_ids for d in config.domains.values()
+                )
+            if not reserves:
                 continue
             try:
                 await self.reservations.store.sweep()
