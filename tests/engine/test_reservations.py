@@ -188,3 +188,57 @@ def test_the_local_over_limit_cache_never_holds_a_reserve_limit() -> None:
     cache.remember(checks, [refused, refused])
     assert cache.answer([checks[0]], [Status()]) is None
     assert cache.answer([checks[1]], [Status()]) is checks[1]
+
+
+SHADOWED = """
+domain: llm
+descriptors:
+  - key: tenant
+    shadow_mode: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1000
+      reserve: {estimate: 800, id_key: request_id, settle_key: settle}
+"""
+
+
+async def test_shadow_mode_reserves_and_settles_without_refusing() -> None:
+    config = load_files([("llm.yaml", SHADOWED)])
+    lim = RateLimiter(lambda: config, MemoryBackend(sweep_interval=0), Settings(), Metrics())
+    assert await decide(lim, reserve("a")) == OK
+    assert await decide(lim, reserve("b")) == OK  # over the limit, let through by shadow mode
+    assert await used(lim) == 1600
+    await decide(lim, settle("a", 300))
+    await decide(lim, settle("b", 300))
+    assert await used(lim) == 600
+
+
+CANDIDATES = """
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1000
+      reserve: {id_key: request_id, settle_key: settle}
+      candidates: [{name: tight, requests_per_unit: 500}]
+"""
+
+
+@pytest.mark.parametrize(("estimate", "candidate_used"), [(400, 300), (800, 0)])
+async def test_candidates_follow_the_live_reservation(estimate: int, candidate_used: int) -> None:
+    """A candidate is charged the estimate when it would admit it and settled like the live
+    limit; one that would have refused it holds nothing, and the release stops at zero."""
+    config = load_files([("llm.yaml", CANDIDATES)])
+    backend = MemoryBackend(sweep_interval=0)
+    lim = RateLimiter(lambda: config, backend, Settings(), Metrics())
+    assert await decide(lim, reserve("a", estimate)) == OK
+    await decide(lim, settle("a", 300))
+    assert await used(lim) == 300
+    (live,) = config.domains["llm"].root.ordered[0].limits
+    (cand,) = live.candidates
+    (live_check,) = [k for k in backend._data if not k.endswith(cand.ident)]
+    (outcome,) = backend.decide_now(
+        [Check(0, cand, live_check + cand.ident, 0)], NOW, charge=False
+    ).outcomes
+    assert outcome.used == candidate_used
