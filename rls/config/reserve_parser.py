@@ -47,7 +47,7 @@ def _reserve(file: str, spec: Any, path: str) -> Reserve:
                    "entry only the stream-done call sends)")
     if id_key == settle_key:
         raise fail(f"id_key and settle_key must differ (both '{id_key}')")
-    estimate = as_uint(file, spec.get("estimate"), "estimate")
+    estimate = int(as_uint(file, spec.get("estimate"), "estimate"))  # a plain int, not YAML's
     given = spec.get("expire_after")
     expire_ms = RESERVE_EXPIRY_DEFAULT_S * 1000
     if given is not None:

@@ -226,7 +226,8 @@ class RedisReservations:
     async def open(self, openings: Sequence[Opening], now_ms: int | None = None) -> list[bool]:
         rest: list[Any] = []
         for o in openings:
-            rest += [o.member, o.estimate, o.window_end_ms, o.expire_ms]
+            # plain ints: hiredis packs no int subclass (a YAML-sourced value)
+            rest += [o.member, int(o.estimate), int(o.window_end_ms), int(o.expire_ms)]
         _, answers = await self._call("o", now_ms, rest)
         return [int(r) == 1 for r in answers]
 
@@ -235,7 +236,7 @@ class RedisReservations:
     ) -> list[Found]:
         rest: list[Any] = []
         for name, expire_ms in members:
-            rest += [name, expire_ms]
+            rest += [name, int(expire_ms)]
         out = []
         _, answers = await self._call("s", now_ms, rest)
         for raw in answers:

@@ -191,3 +191,18 @@ def test_an_unsettled_reservation_expires_keeping_its_estimate(
              "the reservation expired", alive=gw.envoy.alive, log=gw.logs)
     wait_metric(gw, "rls_reservations_open", 0)
     assert used(gw, "acme") == 800
+
+
+def test_a_fixed_estimate_in_rls_replaces_the_request_time_hits_addend(
+    reserve_gateway: Callable[..., Gateway],
+) -> None:
+    """`estimate: 800` in rls's YAML: whatever x-max-tokens says, 800 is held, then settled."""
+    gw = reserve_gateway(2_000, estimate=", estimate: 800")
+    settled = gw.rls_metric("rls_reservations_settled_total")
+    assert call(gw, "acme", 1, 300).status == 200
+    wait_used(gw, "acme", 300)  # 800 held, 500 given back
+    assert call(gw, "acme", 1, 300).status == 200
+    wait_used(gw, "acme", 600)
+    assert gw.rls_metric("rls_reservations_settled_total") == settled + 2
+    assert gw.rls_metric("rls_settles_without_reservation_total") == 0
+    assert gw.rls_metric("rls_reservations_unrecorded_total") == 0

@@ -12,7 +12,12 @@ import asyncio
 
 import pytest
 
+from rls.config.loader import load_files
+from rls.engine.limiter import OK, DescriptorIn, RateLimiter
+from rls.observability.metrics import Metrics
+from rls.settings import Settings
 from rls.stores.base import Backend
+from rls.stores.redis import RedisBackend
 from rls.stores.reservations import (
     NONE,
     OPEN,
@@ -95,3 +100,39 @@ def test_a_long_request_id_is_kept_by_its_digest() -> None:
 @pytest.mark.parametrize("rid", ["r1", "a\x1fb"])
 def test_members_of_different_counters_differ(rid: str) -> None:
     assert member("rl:a", rid) != member("rl:b", rid)
+
+
+REPLICAS_YAML = """
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: hour
+      requests_per_unit: 2000
+      reserve: {estimate: 800, id_key: request_id, settle_key: settle}
+"""
+
+
+async def test_another_replica_settles_once(redis_url: str) -> None:
+    """Two rls replicas on one Redis: a reservation made on one is settled on the other, and
+    the same settle sent to both at once applies once."""
+    config = load_files([("llm.yaml", REPLICAS_YAML)])
+    backends = [RedisBackend(redis_url, timeout_ms=2000) for _ in range(2)]
+    for backend in backends:
+        await backend.start()
+    try:
+        a, b = (RateLimiter(lambda: config, backend, Settings(), Metrics()) for backend in backends)
+        now = NOW - NOW % 3_600_000 + 1_000
+        tenant = ("tenant", "acme")
+        reserve = DescriptorIn((tenant, ("request_id", "r1")), 0)
+        settle = DescriptorIn((tenant, ("request_id", "r1"), ("settle", "1")), 300)
+        assert (await a.should_rate_limit("llm", [reserve], now_ms=now)).overall == OK
+        await asyncio.gather(
+            a.should_rate_limit("llm", [settle], now_ms=now),
+            b.should_rate_limit("llm", [settle], now_ms=now),
+        )
+        (((_, outcome),),) = await b.query("llm", [DescriptorIn((tenant,), 0)], now_ms=now)
+        assert outcome.used == 300
+    finally:
+        for backend in backends:
+            await backend.close()
