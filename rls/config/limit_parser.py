@@ -17,10 +17,18 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rls.config.errors import ConfigError, ConfigWarning, Problems, did_you_mean
 from rls.config.model import MAX_WINDOW_SECONDS, UNIT_SECONDS, Limit, Unit
+from rls.config.reserve_parser import parse_reserve
 from rls.config.yaml_source import as_bool, as_list, as_str, as_uint, line_of
 from rls.core.algorithms.registry import ALGORITHM_NAMES as ALGORITHMS
 from rls.core.algorithms.registry import BURST_ALGORITHMS
-from rls.core.limits import CHARGE_DEFAULT, CHARGES, WINDOW_ALIGNED, WINDOW_ROLLING, WINDOWS
+from rls.core.limits import (
+    CHARGE_DEFAULT,
+    CHARGES,
+    RESERVABLE_ALGORITHMS,
+    WINDOW_ALIGNED,
+    WINDOW_ROLLING,
+    WINDOWS,
+)
 
 # The fields of one limit spec (`rate_limit:` or an item of `rate_limits:`). The key check of
 # rls/config/parser.py accepts them at any depth, like the reference, so one indented a level
@@ -28,7 +36,7 @@ from rls.core.limits import CHARGE_DEFAULT, CHARGES, WINDOW_ALIGNED, WINDOW_ROLL
 SPEC_FIELDS = (
     "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm",
     "unit_multiplier", "burst", "overdraft", "calendar", "window", "timezone", "charge",
-    "accept_releases",
+    "accept_releases", "reserve",
 )
 LIMIT_KEYS = ("rate_limit", "rate_limits")
 
@@ -263,10 +271,15 @@ class LimitParser:
         accept_releases = None if accept is None else found.check(
             None, as_bool, f, accept, "accept_releases"
         )
+        reserve = None if spec.get("reserve") is None else found.check(
+            None, parse_reserve, f, spec.get("reserve"), path
+        )
         found.raise_if_any()
         self._check_extensions(
             path, algorithm, burst, overdraft, calendar, rolling, spec, unit, unlimited
         )
+        if reserve is not None:
+            self._check_reserve(path, algorithm, unlimited, overdraft)
         if overdraft > rpu:
             raise self.fail(f"'{path}': overdraft must not exceed requests_per_unit")
         if not unlimited and unit not in UNIT_SECONDS:
@@ -279,9 +292,23 @@ class LimitParser:
             algorithm=algorithm, unit_multiplier=multiplier, burst=burst, overdraft=overdraft,
             calendar=calendar, rolling=rolling, timezone=timezone,
             charge_always=charge == "always", costs_on_allow=charge == "on_allow",
-            accept_releases=accept_releases,
+            accept_releases=accept_releases, reserve=reserve,
             full_key=path, index=index,
         )
+
+    def _check_reserve(self, path: str, algorithm: str, unlimited: bool, overdraft: int) -> None:
+        """`reserve:` needs a count whose charge and release are exact inverses in a window:
+        the algorithms quota mode can deal (rls.quota.share), without overdraft debt."""
+        if unlimited:
+            raise self.fail(f"'{path}': reserve on an unlimited limit has nothing to hold",
+                            "reserve")
+        if algorithm not in RESERVABLE_ALGORITHMS:
+            raise self.fail(
+                f"'{path}': reserve applies to {', '.join(sorted(RESERVABLE_ALGORITHMS))}, "
+                f"not {algorithm}", "reserve",
+            )
+        if overdraft:
+            raise self.fail(f"'{path}': reserve cannot be combined with overdraft", "reserve")
 
     def _unit(self, spec: dict[str, Any]) -> tuple[bool, Unit, str]:
         """`unlimited:` and `unit:` (none when unlimited, a known one otherwise)."""

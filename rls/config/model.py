@@ -94,9 +94,18 @@ class Domain:
     # Whether any limit of the domain has candidates (derived): the limiter looks for them
     # only then, so a domain without any pays nothing.
     has_candidates: bool = field(init=False, default=False)
+    # The `reserve:` entry keys of the domain's limits (derived): entries with these keys are
+    # taken out of every descriptor before matching (rls.engine.reservations). Empty: none.
+    reserve_ids: frozenset[str] = field(init=False, default=frozenset())
+    reserve_settles: frozenset[str] = field(init=False, default=frozenset())
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "has_candidates", any(lim.candidates for lim in limits_of(self)))
+        limits = limits_of(self)
+        derived = object.__setattr__
+        derived(self, "has_candidates", any(lim.candidates for lim in limits))
+        reserves = [lim.reserve for lim in limits if lim.reserve is not None]
+        derived(self, "reserve_ids", frozenset(r.id_key for r in reserves))
+        derived(self, "reserve_settles", frozenset(r.settle_key for r in reserves))
 
 
 def limits_of(domain: Domain) -> list[Limit]:

@@ -65,6 +65,7 @@ EXTENSION_KEYS = frozenset(
         "failure_mode",
         "key_hash",
         "candidates",
+        "reserve",
     }
 )
 VALID_KEYS = REFERENCE_KEYS | EXTENSION_KEYS
@@ -144,9 +145,9 @@ class _KeyWalk:
                         line=k_line, node=child, hint=did_you_mean(k),
                     ))
                     continue
-                if k in ("metadata", "usage_stats"):
+                if k in ("metadata", "usage_stats", "reserve"):
                     # metadata: arbitrary user data, not validated (reference behaviour);
-                    # usage_stats: validated by parse_usage_stats.
+                    # usage_stats: validated by parse_usage_stats; reserve: by parse_reserve.
                     continue
                 if k == "descriptors":
                     self.keys(v, path, k_line, True)

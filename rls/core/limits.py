@@ -51,6 +51,31 @@ WINDOW_ROLLING = "rolling_from_first_hit"
 CHARGE_DEFAULT = "costs_always"
 CHARGES = ("on_allow", CHARGE_DEFAULT, "always")
 WINDOWS: tuple[str, ...] = (WINDOW_ALIGNED, WINDOW_ROLLING)
+# Algorithms whose charge and release are exact inverses within a window and whose room does
+# not refill inside it: what can be held by a reservation and given back later. Quota mode's
+# dealing (rls.quota.share) and a limit's `reserve:` (docs/token-budgets.md) both rest on it.
+RESERVABLE_ALGORITHMS = frozenset({"fixed_window"})
+# `reserve:` bounds: how long an unsettled reservation is kept (docs/token-budgets.md).
+RESERVE_EXPIRY_DEFAULT_S = 600
+RESERVE_EXPIRY_MAX_S = 86400
+
+
+@dataclass(slots=True, frozen=True)
+class Reserve:
+    """A limit's `reserve:` (docs/token-budgets.md): charge an estimate when the request comes,
+    settle it against the actual cost when the stream ends.
+
+    `estimate`: hits charged at request time (0: the request-time call's own hits_addend).
+    `id_key` / `settle_key`: descriptor entry keys taken out of the descriptor before it is
+    matched (never part of a counter key): the first carries the request id that ties the two
+    calls, the second is present only on the stream-done call (that call is the settle).
+    `expire_ms`: how long a reservation waits for its settle; past it the estimate stays
+    charged."""
+
+    id_key: str
+    settle_key: str
+    estimate: int = 0
+    expire_ms: int = RESERVE_EXPIRY_DEFAULT_S * 1000
 
 
 @dataclass(slots=True, eq=False, frozen=True)
@@ -101,6 +126,8 @@ class Limit:
     # candidate itself, its name (its counter key is the live key + its ident, `~<name>~...`).
     candidates: tuple[Limit, ...] = ()
     candidate: str = ""
+    # `reserve:` (Reserve): estimate at request time, settle at stream end; None: plain.
+    reserve: Reserve | None = None
 
     @property
     def charge(self) -> str:

@@ -6,6 +6,7 @@ The service layer hands in plain values (no protobuf), so the same path serves g
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from rls.engine.decision_log import DecisionLog
 from rls.engine.fallback import FallbackLimiter
 from rls.engine.outcomes import OverrideLimits, fold_outcomes
 from rls.engine.over_limit_cache import OverLimitCache
+from rls.engine.reservations import SWEEP_INTERVAL_S, Reservations, Tag, split
 from rls.engine.rules import COUNTED, UNLIMITED, domain_shadowed, failure_mode, limit_role
 from rls.engine.top import NEAR, OVER, TopTalkers
 from rls.engine.unknown_domains import UnknownDomains
@@ -49,8 +51,9 @@ from rls.observability.logs import LogGate
 from rls.observability.metrics import Metrics
 from rls.settings import Settings
 from rls.stores.base import Backend, BackendError
-from rls.stores.calls import Decide, StoreCalls
+from rls.stores.calls import STORE_ERROR, Decide, StoreCalls
 from rls.stores.deadline import OVERLOADED, LoopLag
+from rls.stores.reservations import Opening, reservations_for
 
 log = logging.getLogger("rls.limiter")
 
@@ -107,6 +110,16 @@ class RateLimiter:
                         settings.decision_log_max_bytes)
             if settings.decision_log else None
         )
+        # `reserve:` reservations, in the counters' store (a quarter of the memory bound).
+        self.reservations = Reservations(
+            reservations_for(
+                backend, settings.key_prefix, settings.memory_max_bytes // 4,
+                metrics.reservations_expired.inc,
+                max(settings.backend_timeout_ms, 1000) / 1000,
+            ),
+            metrics,
+        )
+        metrics.watch_reservations(self.reservations.store)
 
     async def should_rate_limit(
         self,
@@ -134,7 +147,18 @@ class RateLimiter:
             return Decision(OK, statuses)
 
         memo = self._memo(config, domain)
-        if repeat:
+        logged = descriptors  # the decision log keeps the call as it came (replay)
+        openings: list[Opening] = []
+        split_up = split(dom, descriptors) if dom.reserve_ids else None
+        if split_up is not None:
+            descriptors = split_up[0]
+            reserved = await self._reserve_checks(
+                dom, domain, split_up, request_hits, now_ms, statuses, memo
+            )
+            if isinstance(reserved, Decision):
+                return reserved
+            checks, openings = reserved
+        elif repeat:
             checks = self._planned_checks(
                 dom, domain, descriptors, request_hits, now_ms, statuses, memo
             )
@@ -167,7 +191,35 @@ class RateLimiter:
             if isinstance(decided, Decision):  # the store could not decide: the failure mode
                 return decided
             overall = decided
-        return self._answer(domain, descriptors, request_hits, now_ms, statuses, overall, memo)
+        if openings and overall == OK:  # admitted: its estimates are charged, held until settled
+            await self.reservations.record(openings, now_ms)
+        return self._answer(
+            domain, descriptors, request_hits, now_ms, statuses, overall, memo, logged
+        )
+
+    async def _reserve_checks(
+        self,
+        dom: Domain,
+        domain: str,
+        split_up: tuple[list[DescriptorIn], list[Tag]],
+        request_hits: int,
+        now_ms: int | None,
+        statuses: list[Status],
+        memo: BoundedCache,
+    ) -> tuple[list[Check], list[Opening]] | Decision:
+        """The checks of a request with `reserve:` entries (rls.engine.reservations; never
+        planned: every request id differs): a settle's, or a reservation's with the openings
+        to record once admitted. The failure mode's answer when a settle could not take its
+        reservations."""
+        descriptors, tags = split_up
+        checks, _ = self._checks(dom, domain, descriptors, request_hits, now_ms, statuses, memo)
+        if not any(tag.settle for tag in tags):
+            return checks, self.reservations.reserving(checks, tags, now_ms)
+        try:
+            return await self.reservations.settling(checks, tags, now_ms), []
+        except (BackendError, TimeoutError) as exc:
+            self._store_failed(exc)
+            return self._failure_answer(dom, domain, checks, statuses, STORE_ERROR)
 
     async def _decide_checks(
         self,
@@ -228,9 +280,11 @@ class RateLimiter:
         statuses: list[Status],
         overall: int,
         memo: BoundedCache,
+        logged: Sequence[DescriptorIn] | None = None,
     ) -> Decision:
         """A decided request's answer: top talkers fed, the domain's shadow switch applied
-        (rls.engine.rules), counted, logged for replay, metadata attached."""
+        (rls.engine.rules), counted, logged for replay (`logged`: the descriptors as they came,
+        when reserve entries were taken out), metadata attached."""
         settings = self.settings
         self._record_top(domain, descriptors, statuses, request_hits)
         if overall == OVER_LIMIT and domain_shadowed(settings, domain):
@@ -239,7 +293,10 @@ class RateLimiter:
             overall = OK
         self.metrics.count_request(domain, _CODE[overall])
         if self.decisions is not None:
-            self.decisions.record(domain, descriptors, request_hits, _CODE[overall], now_ms)
+            self.decisions.record(
+                domain, descriptors if logged is None else logged, request_hits,
+                _CODE[overall], now_ms,
+            )
         decision = Decision(overall, statuses)
         if settings.dynamic_metadata:
             decision.metadata = passed_metadata(memo, descriptors, statuses)
@@ -490,6 +547,26 @@ class RateLimiter:
                 outcomes, why = await self.call_store(merged, now_ms, usage, ttl, budget_s)
                 return (None if outcomes is None else [outcomes[j] for j in slots]), why
         return await self.call_store(checks, now_ms, usage, ttl, budget_s)
+
+    async def sweep_reservations(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
+        """Drop expired reservations every `interval_s` while the config declares `reserve:`
+        (rls.stores.reservations); a failed sweep waits for the next."""
+        seen: RateLimitConfig | None = None
+        reserves = False
+        while True:
+            await asyncio.sleep(interval_s)
+            config = self._config()
+            if config is not seen:  # looked up once per loaded config
+                seen = config
+                reserves = config is not None and any(
+                    d.reserve_ids for d in config.domains.values()
+                )
+            if not reserves:
+                continue
+            try:
+                await self.reservations.store.sweep()
+            except (BackendError, TimeoutError) as exc:
+                self._store_failed(exc)
 
     def _store_failed(self, exc: Exception) -> None:
         """A store call failed (StoreCalls tells): counted, and logged at most once a second."""

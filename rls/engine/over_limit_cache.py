@@ -47,6 +47,8 @@ class OverLimitCache:
                 and not out.charged
                 and not check.flags & _NOT_CACHEABLE
                 and check.limit.algorithm not in _RELEASABLE
+                # a settle on any replica gives room back (docs/token-budgets.md)
+                and check.limit.reserve is None
             ):
                 known[check.key] = (now + out.reset_ms, max(check.hits, 1))
 

@@ -131,6 +131,7 @@ class Metrics:
         self._engine_families(r)
         self._config_families(r)
         self._candidate_families(r)
+        self._reservation_families(r)
         self._prepared: set[str] = set()
         for reason in REQUEST_ERROR_REASONS:
             self.errors.labels(reason)
@@ -350,6 +351,49 @@ class Metrics:
             registry=r,
         )
         self._candidates: dict[tuple[str, str, str], Pending] = {}
+
+    def _reservation_families(self, r: CollectorRegistry) -> None:
+        """`reserve:` limits (docs/token-budgets.md): reservations held until their stream-end
+        settle, and how each one ended."""
+        self.reservations_open = Gauge(
+            "rls_reservations_open",
+            "Reservations waiting for their settle (as of the store's last answer; Redis: all "
+            "replicas' reservations)",
+            registry=r, multiprocess_mode="livemax",
+        )
+        self.reservations_bytes = Gauge(
+            "rls_reservations_bytes",
+            "Estimated bytes of the reservation records, open and settled (bound: a quarter "
+            "of --memory-max-bytes)",
+            registry=r, multiprocess_mode="livemax",
+        )
+        self.reservations_settled = Counter(
+            "rls_reservations_settled",
+            "Reservations settled by their stream-end call (the difference charged or released)",
+            registry=r,
+        )
+        self.reservations_expired = Counter(
+            "rls_reservations_expired",
+            "Reservations dropped unsettled at their expire_after, their estimate kept charged",
+            registry=r,
+        )
+        self.settles_unreserved = Counter(
+            "rls_settles_without_reservation",
+            "Stream-end settles that found no reservation (charged the actual cost as a plain "
+            "cost)",
+            registry=r,
+        )
+        self.reservations_unrecorded = Counter(
+            "rls_reservations_unrecorded",
+            "Admitted reservations not recorded (the byte bound, or the store failed): their "
+            "estimate stays charged and their settle charges the actual cost on top",
+            registry=r,
+        )
+
+    def watch_reservations(self, store: Any) -> None:
+        """The open and byte gauges read `store` (open_count, nbytes) at each scrape."""
+        self.reservations_open.set_function(lambda: store.open_count)
+        self.reservations_bytes.set_function(lambda: store.nbytes)
 
     def record_candidate(self, domain: str, limit: Limit, over: bool, near: bool) -> None:
         """One decision a candidate limit was counted in, and what it would have answered."""

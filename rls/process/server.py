@@ -442,6 +442,7 @@ class Server:
             loop.create_task(follow_shared(self.settings, app.metrics)),
             loop.create_task(flush_metrics(app.metrics, app.limiter.top)),
             loop.create_task(self._become_ready()),
+            loop.create_task(app.limiter.sweep_reservations()),
         ]
         if shared_dir() is not None:
             self.tasks.append(loop.create_task(self._follow_workers()))

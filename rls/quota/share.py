@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from rls.config.model import Limit
-from rls.core.limits import WINDOW_ROLLING
+from rls.core.limits import RESERVABLE_ALGORITHMS, WINDOW_ROLLING
 from rls.core.model import CHARGE_ALWAYS, NEGATIVE, SHADOW, Check, Outcome, candidate_flags
 from rls.engine.calendar import CalendarCache
 from rls.engine.candidates import batch_verdict
@@ -55,7 +55,7 @@ from rls.stores.base import Backend, BackendError
 from rls.stores.calls import StoreCalls
 from rls.stores.deadline import LoopLag
 
-SUPPORTED_ALGORITHMS = frozenset({"fixed_window"})
+SUPPORTED_ALGORITHMS = RESERVABLE_ALGORITHMS
 WINDOW_TOLERANCE_MS = 500  # a reported reset later than this past the known end = new window
 GRANT_RETRIES = 3
 MAX_TOKENS = 2**32 - 1  # Envoy's TokenBucket max_tokens is a uint32
