@@ -4,7 +4,7 @@ Same server shape as `rls serve` (grpc.aio, a generic handler taking and returni
 the same server options), but no parsing, matching, counting or metrics. rls_throughput.py
 divides rls's throughput by this one's, measured in the same run on the same machine.
 
-    python benchmarks/floor_server.py --port 50051 [--loop uvloop|asyncio]
+    python benchmarks/floor_server.py --port 50051 [--loop uvloop|asyncio] [--busy-us 15]
 
 It runs on the event loop rls runs on (`--loop`, default uvloop where installed, as rls):
 a floor on another loop would credit or charge rls with the loop's own cost.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import time
 
 import grpc
 from envoy.service.ratelimit.v3 import rls_pb2
@@ -38,7 +39,14 @@ def fixed_response() -> bytes:
 RESPONSE = fixed_response()
 
 
+BUSY_S = 0.0  # --busy-us: CPU burnt per call (a calibration: what a handler's work costs)
+
+
 async def should_rate_limit(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    if BUSY_S:
+        until = time.perf_counter() + BUSY_S
+        while time.perf_counter() < until:
+            pass
     return RESPONSE
 
 
@@ -67,7 +75,10 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"))
+    parser.add_argument("--busy-us", type=float, default=0.0,
+                        help="burn this much CPU per call before answering (calibration)")
     args = parser.parse_args()
+    BUSY_S = args.busy_us / 1e6
     from rls.event_loop import loop_factory, loop_name
 
     print(f"loop: {loop_name(args.loop)}", flush=True)
