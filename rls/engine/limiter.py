@@ -146,7 +146,9 @@ class RateLimiter:
                 self.decisions.record(domain, descriptors, request_hits, "OK", now_ms)
             return Decision(OK, statuses)
 
-        memo = self._memo(config, domain)
+        memo = self._memos.get(domain) if config is self._memo_config else None
+        if memo is None:
+            memo = self._memo(config, domain)
         logged = descriptors  # the decision log keeps the call as it came (replay)
         openings: list[Opening] = []
         split_up = split(dom, descriptors) if dom.reserve_ids else None
@@ -166,7 +168,7 @@ class RateLimiter:
             checks, _ = self._checks(
                 dom, domain, descriptors, request_hits, now_ms, statuses, memo
             )
-        usage = self._usage(dom, domain, descriptors, now_ms)
+        usage = self._usage(dom, domain, descriptors, now_ms) if dom.usage is not None else []
         over_cache = self._over_cache
         cands = 0  # candidate checks at the end of `checks` (rls/core/admission.py)
         if dom.has_candidates and checks:

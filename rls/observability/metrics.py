@@ -496,7 +496,8 @@ class Metrics:
         self, limit: Limit, key: str | None, hits: int, used: int, over: bool, shadow: bool
     ) -> None:
         """The reference's split of a (possibly weighted) hit into within / near / over."""
-        values = self.limit_stats(limit, key).values  # total, within, near, over, shadow
+        found = self._dynamic.get(limit.full_key if key is None else key)  # limit_stats, inline
+        values = (found or self.limit_stats(limit, key)).values  # total, within, near, over, shadow
         values[0] += hits
         if hits <= 0:
             return

@@ -146,7 +146,8 @@ def to_response(decision: Decision) -> rls_pb2.RateLimitResponse:
                 cur.name = limit.name
             if limit.unit_multiplier > 1:
                 cur.MergeFromString(_unit_multiplier_field(limit.unit_multiplier))
-            status.duration_until_reset.seconds = st.reset_seconds or 0
+            reset_ms = st.reset_ms  # Status.reset_seconds, inline: once per status per call
+            status.duration_until_reset.seconds = -(-reset_ms // 1000) if reset_ms else 0
         elif st.code != OK:
             status.code = st.code
     return response

@@ -75,7 +75,10 @@ class StoreCalls:
         self._memory = backend if isinstance(backend, MemoryBackend) else None
         # Whether a call goes over the network (a local over-limit cache can save it).
         self.round_trip = self._memory is None
-        self.decide: Decide = self._decide_at_once if self._memory else self._decide_remote
+        # `is not None`: an empty memory store is falsy (it has a length).
+        self.decide: Decide = (
+            self._decide_at_once if self._memory is not None else self._decide_remote
+        )
         # Leased counters (--redis-leases): a request they decide alone is answered here, at
         # once, like the memory store's; the rest go to the store, which takes what they lack.
         leases = getattr(backend, "leases", None)
