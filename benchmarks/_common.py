@@ -418,6 +418,30 @@ def start_rls(config: Path, log_dir: Path, redis_url: str | None = None,
     return rls
 
 
+def revision_tree(rev: str, base: Path) -> tuple[str, Path]:
+    """A detached worktree of `rev` (read-only use); removed at exit by the caller."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    path = base / f"rev-{sha}"
+    if not path.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), sha],
+                       check=True, capture_output=True)
+    return sha, path
+
+
+def start_rls_at(config: Path, log_dir: Path, name: str, code: Path | None,
+                 redis_url: str | None, extra: list[str],
+                 env: dict[str, str] | None = None) -> RlsProc:
+    """`python -m rls serve` from `code` (a worktree) or the installed rls (None)."""
+    grpc_port, http_port = free_port(), free_port()
+    cmd = rls_command(config, grpc_port, http_port, redis_url, extra)
+    base = spawn(cmd, f"{name.replace(' ', '-')}-{grpc_port}", log_dir, env=env, cwd=code)
+    rls = RlsProc(base.proc, base.log_path, base.name, grpc_port, http_port)
+    wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200, 30,
+               f"{name} /healthcheck", base.proc, base.log_path)
+    return rls
+
+
 @dataclass
 class FloorProc(Proc):
     grpc_port: int = 0

@@ -64,20 +64,17 @@ from _common import (
     RlsProc,
     check_grpc_ok,
     failure_mode_answers,
-    free_port,
     grpc_call,
     h2load,
-    http_get,
     median,
     process_cpu_s,
     request_bytes,
-    rls_command,
-    spawn,
+    revision_tree,
     start_floor,
     start_redis,
+    start_rls_at,
     table,
     validity,
-    wait_until,
     workdir,
     write_config,
     write_frame,
@@ -141,17 +138,6 @@ def load(v: Variant, body: Path, args: argparse.Namespace, log_dir: Path,
                   streams=args.streams, requests=requests, label=v.name, log_dir=log_dir)
 
 
-def revision_tree(rev: str, base: Path) -> tuple[str, Path]:
-    """A detached worktree of `rev` (read-only use); removed at exit by the caller."""
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    path = base / f"rev-{sha}"
-    if not path.exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), sha],
-                       check=True, capture_output=True)
-    return sha, path
-
-
 class OtlpSink(BaseHTTPRequestHandler):
     """Takes OTLP/HTTP exports and answers 200 (the traced variants' collector)."""
 
@@ -170,19 +156,6 @@ def start_sink() -> str:
     server = ThreadingHTTPServer(("127.0.0.1", 0), OtlpSink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}"
-
-
-def start_rls_at(config: Path, log_dir: Path, name: str, code: Path | None,
-                 redis_url: str | None, extra: list[str],
-                 env: dict[str, str] | None = None) -> RlsProc:
-    """`python -m rls serve` from `code` (a worktree) or the installed rls (None)."""
-    grpc_port, http_port = free_port(), free_port()
-    cmd = rls_command(config, grpc_port, http_port, redis_url, extra)
-    base = spawn(cmd, f"{name.replace(' ', '-')}-{grpc_port}", log_dir, env=env, cwd=code)
-    rls = RlsProc(base.proc, base.log_path, base.name, grpc_port, http_port)
-    wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200, 30,
-               f"{name} /healthcheck", base.proc, base.log_path)
-    return rls
 
 
 def loop_of(code: Path | None, extra: list[str]) -> str:

@@ -36,6 +36,7 @@ each with 0 failure-mode answers and 0 Envoy rate-limit errors.
     python benchmarks/envoy_e2e.py [--quick] [--duration 5] [--rounds 2] [--connections 8]
     python benchmarks/envoy_e2e.py --mtls --rounds 4          # + rls over mTLS
     python benchmarks/envoy_e2e.py --leases --rounds 4        # + rls on Redis with leases
+    python benchmarks/envoy_e2e.py --compare 25200ce --rounds 4   # + that revision's rls
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ from _common import (
     median,
     metric_sum,
     print_targets,
+    revision_tree,
     rls_command,
     spawn,
     start_floor,
     start_redis,
     start_rls,
+    start_rls_at,
     table,
     target_result,
     wait_until,
@@ -266,6 +269,8 @@ def main() -> None:
                         help="extra `rls serve` argument, repeatable; default: none")
     parser.add_argument("--mtls", action="store_true",
                         help="also rls (memory) over mTLS from Envoy")
+    parser.add_argument("--compare", action="append", default=[], metavar="REV",
+                        help="also rls memory and Redis at git revision REV (repeatable)")
     parser.add_argument("--leases", action="store_true",
                         help="also rls on Redis with --redis-leases on")
     args = parser.parse_args()
@@ -295,6 +300,13 @@ def main() -> None:
         rls_lease = start_rls(cfg, d, redis_url=redis.url, name="rls-redis-leases",
                               extra=[*args.rls_arg, "--redis-leases", "on"])
         variants.append({"name": "rls redis leases", "rls": rls_lease})
+    worktrees = []
+    for rev in args.compare:  # the same variants with another revision's rls, in this run
+        sha, code = revision_tree(rev, d)
+        worktrees.append(code)
+        for store, url in (("memory", None), ("redis", redis.url)):
+            old = start_rls_at(cfg, d, f"{sha} {store}", code, url, list(args.rls_arg))
+            variants.append({"name": f"{sha} {store}", "rls": old})
     if args.mtls:
         flags, socket = mtls_setup(d)
         rls_mtls = start_tls_rls(cfg, d, [*args.rls_arg, *flags])
@@ -415,6 +427,9 @@ def main() -> None:
         v["envoy"].stop()
     for p in (rls_mem, rls_red, floor, redis, *(v["rls"] for v in variants[5:])):
         p.stop()
+    for code in worktrees:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(code)],
+                       capture_output=True)
 
 
 if __name__ == "__main__":
