@@ -20,13 +20,20 @@ from typing import Any
 import pytest
 
 from .harness import (
+    ADMIN_PORT,
+    BACKEND_PORT,
     GATEWAY_YAML,
     HOUR,
+    LISTENER_PORT,
+    RLS_PORT,
     Backend,
     Envoy,
     Gateway,
     find_envoy,
+    free_port,
     load_gateway,
+    rewrite_ports,
+    start_envoy,
     start_gateway,
 )
 
@@ -84,3 +91,45 @@ def same_hour_window() -> Iterator[None]:
     start = int(time.time() // HOUR)
     yield
     assert int(time.time() // HOUR) == start, "test straddled an hour window boundary"
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_args(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """`rls serve` arguments of the memory store, then of Redis (the token-budget tests)."""
+    if request.param == "memory":
+        return ()
+    # A generous store deadline: a loaded test machine must not hand calls to the failure mode.
+    return ("--redis-url", request.getfixturevalue("redis_url"), "--backend-timeout-ms", "2000")
+
+
+@pytest.fixture
+def llm_gateway(
+    tmp_path: Path, rls_factory: Callable[..., Any], backend: Backend, envoy_binary: str,
+    store_args: tuple[str, ...], same_hour_window: None,
+) -> Iterator[Callable[[str, str, float], Gateway]]:
+    """`start(rls_yaml, envoy_file, route_timeout_s)`: rls on the domain `llm` of `rls_yaml`
+    (on `store_args`' store) and Envoy on envoy/<envoy_file> in front of it and `backend`, its
+    routes' timeout raised to `route_timeout_s` (held requests must outlast Envoy's default
+    15 s). Envoy connects to rls lazily: the caller waits for a first rate-limited answer."""
+    envoys: list[Envoy] = []
+
+    def start(rls_yaml: str, envoy_file: str, route_timeout_s: float) -> Gateway:
+        config_file = tmp_path / "llm.yaml"
+        config_file.write_text(rls_yaml)
+        rls = rls_factory(config_file, args=store_args)
+        listener, admin = free_port(), free_port()
+        config = rewrite_ports(load_gateway(envoy_file), {
+            LISTENER_PORT: listener, ADMIN_PORT: admin, RLS_PORT: rls.grpc_port,
+            BACKEND_PORT: backend.port,
+        })
+        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        for vhost in hcm["typed_config"]["route_config"]["virtual_hosts"]:
+            for route in vhost["routes"]:
+                route["route"]["timeout"] = f"{int(route_timeout_s)}s"
+        envoy = start_envoy(envoy_binary, config, tmp_path, listener, admin)
+        envoys.append(envoy)
+        return Gateway(envoy, rls, backend, {}, backends=[backend], domain="llm")
+
+    yield start
+    for envoy in envoys:
+        envoy.stop()

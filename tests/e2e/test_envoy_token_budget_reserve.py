@@ -13,27 +13,16 @@ assertion about it polls rls's counter query or metrics, never a sleep.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
 import pytest
 from support.calls import Grpc, descriptor, request
 
 from .harness import (
-    ADMIN_PORT,
-    BACKEND_PORT,
-    LISTENER_PORT,
-    RLS_PORT,
     Backend,
-    Envoy,
     Gateway,
     Response,
-    free_port,
-    load_gateway,
-    rewrite_ports,
-    start_envoy,
     wait_for,
 )
 
@@ -56,46 +45,22 @@ descriptors:
 """
 
 
-@pytest.fixture(params=["memory", "redis"])
-def store_args(request: pytest.FixtureRequest) -> tuple[str, ...]:
-    if request.param == "memory":
-        return ()
-    # A generous store deadline: a loaded test machine must not hand calls to the failure mode.
-    return ("--redis-url", request.getfixturevalue("redis_url"), "--backend-timeout-ms", "2000")
-
-
 @pytest.fixture
 def reserve_gateway(
-    tmp_path: Path, rls_factory: Callable[..., Any], backend: Backend, envoy_binary: str,
-    store_args: tuple[str, ...], same_hour_window: None,
-) -> Iterator[Callable[..., Gateway]]:
+    llm_gateway: Callable[[str, str, float], Gateway],
+) -> Callable[..., Gateway]:
     """rls with a per-tenant reserve budget, Envoy on envoy/token-budget-reserve.yaml."""
-    envoys: list[Envoy] = []
 
     def start(budget: int, **rls_yaml: str) -> Gateway:
-        config_file = tmp_path / "llm.yaml"
-        config_file.write_text(descriptors(budget, **rls_yaml))
-        rls = rls_factory(config_file, args=store_args)
-        listener, admin = free_port(), free_port()
-        config = rewrite_ports(load_gateway("token-budget-reserve.yaml"), {
-            LISTENER_PORT: listener, ADMIN_PORT: admin, RLS_PORT: rls.grpc_port,
-            BACKEND_PORT: backend.port,
-        })
-        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        for vhost in hcm["typed_config"]["route_config"]["virtual_hosts"]:
-            for route in vhost["routes"]:
-                route["route"]["timeout"] = f"{int(HELD_S * 2)}s"
-        envoy = start_envoy(envoy_binary, config, tmp_path, listener, admin)
-        envoys.append(envoy)
-        gw = Gateway(envoy, rls, backend, {}, backends=[backend], domain="llm")
+        gw = llm_gateway(descriptors(budget, **rls_yaml), "token-budget-reserve.yaml",
+                         HELD_S * 2)
         wait_for(lambda: "x-ratelimit-limit" in call(gw, WARMUP_TENANT, 1, 1).headers, 15.0,
-                 "a rate-limited answer through Envoy -> rls", alive=envoy.alive, log=gw.logs)
+                 "a rate-limited answer through Envoy -> rls", alive=gw.envoy.alive,
+                 log=gw.logs)
         wait_metric(gw, "rls_reservations_open", 0)  # the warm-up's settled: counts start here
         return gw
 
-    yield start
-    for envoy in envoys:
-        envoy.stop()
+    return start
 
 
 def call(

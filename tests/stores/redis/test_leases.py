@@ -84,6 +84,21 @@ def counter(server: RedisServer, check: Check) -> int:
     return int(server.client().get(f"{check.key}@{NOW // check.limit.window_ms}") or 0)
 
 
+async def warm(calls: StoreCalls, checks: list[Check], n: int) -> Leases:
+    """`n` decisions of `checks` (enough to lease a hot key), and the refills they started
+    landed: the process's leases."""
+    for _ in range(n):
+        await decide(calls, checks)
+    leases = leases_of(calls)
+    await settled(leases)
+    return leases
+
+
+async def settled(leases: Leases) -> None:
+    """Background calls (refills, give-backs) landed."""
+    await asyncio.gather(*leases._background)
+
+
 requests = st.lists(
     st.lists(st.tuples(st.integers(0, 1), st.integers(0, 12)), min_size=1, max_size=2,
              unique_by=lambda c: c[0]),
@@ -174,11 +189,8 @@ async def test_a_request_refused_by_a_check_decided_per_call_gives_its_leased_hi
     roomy = Limit(requests_per_unit=1000, unit=Unit.MINUTE, full_key="l.roomy2")
     small = Limit(requests_per_unit=20, unit=Unit.MINUTE, full_key="l.small2")  # never leased
     calls = calls_of(await leased())
-    for _ in range(2 * HOT_CALLS):
-        await decide(calls, [Check(0, roomy, "lease:roomy2", 1)])
-    leases = leases_of(calls)
+    leases = await warm(calls, [Check(0, roomy, "lease:roomy2", 1)], 2 * HOT_CALLS)
     (lease,) = leases.leases.values()
-    await asyncio.gather(*leases._background)
     before = lease.left
     server.client().set(f"lease:small2@{NOW // small.window_ms}", 20)
     outcomes = await decide(
@@ -194,10 +206,7 @@ async def test_a_lease_running_low_starts_one_refill_however_many_requests_find_
     limit = Limit(requests_per_unit=100_000, unit=Unit.MINUTE, full_key="l.storm")
     check = Check(0, limit, "lease:storm", 1)
     calls = calls_of(await leased())
-    for _ in range(2 * HOT_CALLS):
-        await decide(calls, [check])
-    leases = leases_of(calls)
-    await asyncio.gather(*leases._background)
+    leases = await warm(calls, [check], 2 * HOT_CALLS)
     (lease,) = leases.leases.values()
     # Requests decided back to back without yielding to the loop (a burst read from one
     # socket): the lease falls under its low-water mark once, and only one refill starts.
@@ -206,7 +215,7 @@ async def test_a_lease_running_low_starts_one_refill_however_many_requests_find_
         assert leases.decide_local([check], NOW) is not None
         decided += 1
     assert decided > 1 and len(leases._background) == 1
-    await asyncio.gather(*leases._background)
+    await settled(leases)
     assert lease.left > 0, "the refill landed"
 
 
@@ -216,15 +225,12 @@ async def test_an_idle_lease_gives_its_unused_tokens_back_to_the_counter(
     limit = Limit(requests_per_unit=10_000, unit=Unit.MINUTE, full_key="l.idle")
     check = Check(0, limit, "lease:idle", 1)
     calls = calls_of(await leased())
-    for _ in range(100):
-        await decide(calls, [check])
-    leases = leases_of(calls)
+    leases = await warm(calls, [check], 100)
     (lease,) = leases.leases.values()
-    await asyncio.gather(*leases._background)
     assert lease.left > 0 and counter(server, check) == 100 + lease.left
     lease.used_at = 0.0  # unused for ages
     leases.sweep()
-    await asyncio.gather(*leases._background)
+    await settled(leases)
     assert counter(server, check) == 100, "exactly the hits handed out stay counted"
     assert not leases.leases
     assert leases.counts[RELEASED] > 0
@@ -236,13 +242,10 @@ async def test_a_config_change_gives_every_lease_back(
     limit = Limit(requests_per_unit=10_000, unit=Unit.MINUTE, full_key="l.reload")
     check = Check(0, limit, "lease:reload", 1)
     calls = calls_of(await leased())
-    for _ in range(100):
-        await decide(calls, [check])
-    leases = leases_of(calls)
-    await asyncio.gather(*leases._background)
+    leases = await warm(calls, [check], 100)
     assert counter(server, check) > 100  # leased ahead
     calls.config_changed()  # what the limiter does on every reload or xDS push
-    await asyncio.gather(*leases._background)
+    await settled(leases)
     assert counter(server, check) == 100
     assert not leases.leases
 
@@ -266,10 +269,7 @@ async def test_a_lost_counter_takes_no_give_back_and_the_lease_drops_what_it_hel
     limit = Limit(requests_per_unit=10_000, unit=Unit.MINUTE, full_key="l.lost")
     check = Check(0, limit, "lease:lost", 1)
     calls = calls_of(await leased())
-    for _ in range(100):
-        await decide(calls, [check])
-    leases = leases_of(calls)
-    await asyncio.gather(*leases._background)
+    leases = await warm(calls, [check], 100)
     (lease,) = leases.leases.values()
     held = lease.left
     assert held > 0
@@ -277,12 +277,12 @@ async def test_a_lost_counter_takes_no_give_back_and_the_lease_drops_what_it_hel
     server.client().set(f"lease:lost@{NOW // limit.window_ms}", 7)  # another process's hits
     lease.used_at = 0.0
     leases.sweep()
-    await asyncio.gather(*leases._background)
+    await settled(leases)
     assert counter(server, check) == 7, "room the fresh counter never dealt was not given back"
     # The next refill of a lease whose record vanished drops what it held.
     for _ in range(2 * HOT_CALLS):
         await decide(calls, [check])
-    await asyncio.gather(*leases._background)
+    await settled(leases)
     (lease,) = leases.leases.values()
     assert lease.held > 0 and leases.counts[LOST] == 0
     server.client().flushall()
