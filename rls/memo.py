@@ -11,7 +11,8 @@ the gauges move only when an entry is added or dropped, never on a hit.
 Defaults (docs/reliability.md, "Memory"):
 - `request_parse`: decoded requests by their wire bytes, 4,096 entries / 16 MiB per process;
 - `match`: match results by descriptor entries, 10,000 entries / 16 MiB per domain;
-- `plan`: request shapes' checks, 4,096 entries / 8 MiB per process.
+- `plan`: request shapes' checks, 4,096 entries / 8 MiB per process;
+- `response_shape`: answers' protobuf messages by shape, 1,024 entries / 4 MiB per process.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ PARSE_MEMO_BYTES = 16 << 20
 PLAN_ENTRIES = PARSE_MEMO_ENTRIES
 PLAN_BYTES = 8 << 20
 PLAN_CHECK_BYTES = 160  # a planned Check (its limit and key are the match memo's)
+# Answers' messages by shape (rls.services.convert.ResponseShapes): a config has few shapes.
+RESPONSE_SHAPE_ENTRIES = 1024
+RESPONSE_SHAPE_BYTES = 4 << 20
 
 # Gauge children by memo name, set by rls.observability.metrics.Metrics (the most recent one wins).
 _GAUGES: dict[str, tuple[Any, Any]] = {}

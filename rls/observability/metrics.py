@@ -302,7 +302,7 @@ class Metrics:
             "rls_memo_entries", "Entries held by the bounded memos", ["memo"],
             registry=r, multiprocess_mode="livesum",
         )
-        for memo in ("request_parse", "match", "plan", "wildcard"):
+        for memo in ("request_parse", "match", "plan", "response_shape", "wildcard"):
             publish_to(memo, self.memo_bytes.labels(memo), self.memo_entries.labels(memo))
         self.fallback = Counter(
             "rls_fallback_decisions",

@@ -24,7 +24,7 @@ from rls.engine.limiter import (
 from rls.memo import PARSE_MEMO_BYTES, PARSE_MEMO_ENTRIES, BoundedCache, entries_cost
 from rls.observability.logs import LogGate
 from rls.observability.metrics import Metrics
-from rls.services.convert import to_descriptors, to_response
+from rls.services.convert import ResponseShapes, to_descriptors, to_response
 from rls.services.extras import decorate
 from rls.settings import Settings
 
@@ -50,6 +50,7 @@ class RateLimitService:
         self.metrics = metrics
         self._log_gate = LogGate(per_second=5)
         self._parsed = BoundedCache("request_parse", PARSE_MEMO_ENTRIES, PARSE_MEMO_BYTES)
+        self._shapes = ResponseShapes()
         self._inflight = 0
         self._margin = settings.deadline_margin_ms / 1000
 
@@ -108,13 +109,15 @@ class RateLimitService:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             self._inflight -= 1
-        response = to_response(decision)
         if self._extras:
+            response = to_response(decision)
             if request is None:
                 request = rls_pb2.RateLimitRequest.FromString(data)
             decorate(response, decision, request, self.settings)
+            answer: bytes = response.SerializeToString()
+        else:
+            answer = self._shapes.serialize(decision)
         self.metrics.latency.observe(time.perf_counter() - started)
-        answer: bytes = response.SerializeToString()
         return answer
 
     async def _parse(self, data: bytes, context: grpc.aio.ServicerContext) -> Parsed:
