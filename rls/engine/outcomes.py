@@ -18,14 +18,13 @@ def fold_outcomes(
     """Fold check outcomes into per-descriptor statuses; return the overall code."""
     overall = OK
     quota_seen = quota_room = False
+    record_limit = metrics.record_limit
     for check, out in zip(checks, outcomes, strict=True):
         limit = check.limit
         flags = check.flags
         shadow = bool(flags & SHADOW)
         if not flags & NEGATIVE:
-            metrics.record_limit(
-                limit, check.stats_key, check.hits, out.used, not out.ok, shadow
-            )
+            record_limit(limit, check.stats_key, check.hits, out.used, not out.ok, shadow)
         status = statuses[check.descriptor]
         over = not out.ok and not shadow
         if flags & QUOTA and not flags & NEGATIVE:

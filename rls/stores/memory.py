@@ -234,36 +234,38 @@ class MemoryBackend:
                 return None
             window = limit.window_ms
             start = now_ms - now_ms % window
+            key = check.key
             used = 0
-            entry = data.get(check.key)
+            entry = data.get(key)
             if entry is not None and entry[1] >= now_ms and entry[0][0] == start:
                 used = entry[0][1]
             hits = check.hits
             cap = limit.requests_per_unit
             ok = used < cap if hits == 0 else used + hits <= cap
-            all_ok = all_ok and ok
-            reads.append((check, start + window, used, cap, ok))
+            if not ok:
+                all_ok = False
+            reads.append((key, start, start + window, used, hits, cap, ok))
         outcomes = []
         if all_ok:
             added = 0
-            for check, end, used, cap, _ in reads:
-                key = check.key
-                hits = check.hits
-                value = ((end - check.limit.window_ms, used + hits, 0), end + GRACE_MS)
+            for key, start, end, used, hits, cap, _ in reads:
+                after = used + hits
                 if data.pop(key, None) is None:
                     added += ENTRY_BYTES + len(key)
-                data[key] = value  # popped, re-inserted: now the most recent
-                outcomes.append(Outcome(True, True, max(0, cap - used - hits), end - now_ms, used))
+                data[key] = ((start, after, 0), end + GRACE_MS)  # re-inserted: the most recent
+                outcomes.append(
+                    Outcome(True, True, cap - after if cap > after else 0, end - now_ms, used)
+                )
             if added:
                 self.nbytes += added
                 if self.nbytes > self.max_bytes:
                     self.evict(now_ms)
             return Verdict(True, outcomes)
         track = self.nbytes > self._track_from
-        for check, end, used, cap, ok in reads:
+        for key, _, end, used, _, cap, ok in reads:
             # A use too (a denied caller keeps asking): the most recent, near the bound.
-            if track and (entry := data.pop(check.key, None)) is not None:
-                data[check.key] = entry
+            if track and (entry := data.pop(key, None)) is not None:
+                data[key] = entry
             outcomes.append(Outcome(ok, False, max(0, cap - used) if ok else 0, end - now_ms, used))
         return Verdict(False, outcomes)
 
