@@ -36,6 +36,7 @@ Reported per store (memory; Redis on a redis-server this script starts on a free
     python benchmarks/handler_cpu.py --stores memory --rounds 20 --calls 20000
     python benchmarks/handler_cpu.py --stores memory --in-server 5 --compare 25200ce
     python benchmarks/handler_cpu.py --stores memory --neighbour   # another core busy
+    python benchmarks/handler_cpu.py --descriptors 1 --in-server 4 --compare 25200ce
 
 Pair a hot-path change with its previous revision in one run with benchmarks/paired_rev.sh.
 """
@@ -153,7 +154,7 @@ def unique_requests(n: int) -> list[bytes]:
 
 async def measure(store: str, app: Any, args: argparse.Namespace) -> dict[str, Any]:
     handler = app.service.should_rate_limit
-    data = request_bytes()
+    data = request_bytes(descriptors=DESCRIPTORS[:args.descriptors])
     ctx = Context(0.020)
     for _ in range(2000):  # warm: memo, scripts, connections
         await handler(data, ctx)
@@ -188,6 +189,7 @@ async def measure(store: str, app: Any, args: argparse.Namespace) -> dict[str, A
     row = {
         "store": store,
         "unique_keys": args.unique,
+        "descriptors": args.descriptors,
         "cpu_us_per_call": {"min": min(per_call), "median": statistics.median(per_call),
                             "max": max(per_call)},
         "python_calls_per_call": calls,
@@ -355,7 +357,7 @@ def measure_at(tree: Path | None, store: str, argv: list[str]) -> dict[str, Any]
 
 def child_argv(args: argparse.Namespace) -> list[str]:
     argv = ["--rounds", str(args.rounds), "--calls", str(args.calls),
-            "--count-calls", str(args.count_calls)]
+            "--count-calls", str(args.count_calls), "--descriptors", str(args.descriptors)]
     if args.unique:
         argv.append("--unique")
     if args.neighbour:
@@ -390,6 +392,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10_000, help="calls per timed round")
     parser.add_argument("--count-calls", type=int, default=500,
                         help="calls in the counting passes (Python calls, allocations)")
+    parser.add_argument("--descriptors", type=int, default=3, choices=(1, 2, 3),
+                        help="the first N descriptors of the gateway request (1: user + path)")
     parser.add_argument("--unique", action="store_true",
                         help="a new client address (a new counter, no memo) on every call")
     parser.add_argument("--neighbour", action="store_true",
