@@ -23,7 +23,9 @@ around each wrk run: rls_failure_mode_answers_total + rls_request_errors_total) 
 own `cluster.backend.ratelimit.error` (Envoy gave up on rls, or rls refused the call, and
 Envoy's failure_mode_deny: false let the request through: `failure_mode_allowed`).
 rls runs with its production defaults (`--rls-arg` adds `rls serve` arguments).
-Variants run interleaved for `--rounds` rounds (median req/s).
+Variants run interleaved for `--rounds` rounds (median req/s). Also the gRPC server's CPU per
+request (rls's or the floor's process, user + system, over each wrk run), and its ratio to the
+floor's: on a noisy host it separates two revisions where req/s cannot.
 
 `--mtls` adds `rls memory mtls`: rls with --grpc-tls and client certificates required (and a
 required SAN), Envoy's ratelimit_service cluster with the UpstreamTlsContext shipped commented
@@ -66,6 +68,7 @@ from _common import (
     median,
     metric_sum,
     print_targets,
+    process_cpu_s,
     revision_tree,
     rls_command,
     spawn,
@@ -294,7 +297,7 @@ def main() -> None:
         {"name": "local_ratelimit", "rls": None},
         {"name": "rls memory", "rls": rls_mem},
         {"name": "rls redis", "rls": rls_red},
-        {"name": "floor", "rls": None, "port": floor.grpc_port},
+        {"name": "floor", "rls": None, "port": floor.grpc_port, "server": floor},
     ]
     if args.leases:
         rls_lease = start_rls(cfg, d, redis_url=redis.url, name="rls-redis-leases",
@@ -349,7 +352,12 @@ def main() -> None:
             envoy, rls = v["envoy"], v["rls"]
             before_env = ratelimit_stats(envoy)
             before_rls = rls.metrics() if rls else {}
+            server = rls or v.get("server")  # the gRPC server behind this Envoy, if any
+            cpu_before = process_cpu_s(server.pid) if server else 0.0
             res = run_wrk(envoy.listener_port, v["key"], args.duration, args.connections, script)
+            if server is not None:  # its CPU per request: steadier than req/s on a noisy host
+                res["server_cpu_us"] = ((process_cpu_s(server.pid) - cpu_before)
+                                        / max(res["requests"], 1) * 1e6)
             if rls is not None:
                 after_env = ratelimit_stats(envoy)
                 delta = {k: after_env.get(k, 0) - before_env.get(k, 0) for k in after_env}
@@ -382,6 +390,7 @@ def main() -> None:
 
     base = median([x["rps"] for x in runs["none"]])
     floor_rps = median([x["rps"] for x in runs["floor"]])
+    floor_cpu = median([x["server_cpu_us"] for x in runs["floor"]])
     rows, out, targets = [], [], []
     # Issue 36's targets, against the empty grpc.aio handler behind the same Envoy.
     goal = {"rls memory": 0.85, "rls redis": 0.70, "rls redis leases": 0.80}
@@ -395,7 +404,11 @@ def main() -> None:
         def med(k: str, rs: list[dict[str, Any]] = rs) -> float:
             return median([x[k] for x in rs]) / 1000
 
+        cpus = [x["server_cpu_us"] for x in rs if "server_cpu_us" in x]
+        cpu = median(cpus) if cpus else None
         out.append({"variant": v["name"], "rps_median": round(rps, 1),
+                    "server_cpu_us_per_request": None if cpu is None else round(cpu, 1),
+                    "server_cpu_ratio_to_floor": None if cpu is None else round(cpu / floor_cpu, 3),
                     "rps_rounds": [round(x["rps"], 1) for x in rs],
                     "ratio_to_none": round(rps / base, 3),
                     "ratio_to_floor": round(rps / floor_rps, 3),
@@ -403,7 +416,8 @@ def main() -> None:
                     "failure_mode_breakdown": None if fm_v is None else fm_v.breakdown,
                     "envoy_ratelimit_errors": env_err, "valid": valid, "runs": rs})
         rows.append([v["name"], rps, " ".join(f"{x['rps']:.0f}" for x in rs), f"{rps / base:.2f}",
-                     f"{rps / floor_rps:.2f}",
+                     f"{rps / floor_rps:.2f}", "-" if cpu is None else f"{cpu:.0f}",
+                     "-" if cpu is None else f"{cpu / floor_cpu:.2f}",
                      med("mean_us"), med("p50_us"), med("p90_us"), med("p99_us"),
                      med("p999_us"), fm_cell(fm_v), "-" if env_err is None else env_err,
                      "yes" if valid else "INVALID"])
@@ -417,7 +431,8 @@ def main() -> None:
     title = (f"Envoy end to end: wrk -t1 -c{args.connections}, GET {PATH}, "
              f"{max(1, round(args.duration))} s x {args.rounds} round(s) "
              "(latency: median of rounds)")
-    text = table(["variant", "req/s (median)", "rounds", "x none", "x floor", "mean ms", "p50 ms",
+    text = table(["variant", "req/s (median)", "rounds", "x none", "x floor",
+                  "server CPU µs/req", "x floor CPU", "mean ms", "p50 ms",
                   "p90 ms", "p99 ms", "p99.9 ms", "failure-mode answers", "Envoy rl errors",
                   "valid"], rows, title)
     text2 = print_targets(targets)

@@ -130,7 +130,9 @@ class _ClusterWithoutRetryOnTimeout(redis_connect.RedisCluster):
 
 
 # The in-process variant checks decision logic, not latency: it shares this test process's CPU
-# (and a loaded machine's), so its deadline is wider than the 500 ms given to `rls serve`.
+# (and a loaded machine's), so its deadline is wider than the 500 ms given to `rls serve`, and
+# so is its connect timeout: 20 concurrent callers open a pool's connections to each master at
+# once, and on a busy machine one took longer than the 200 ms default (a call undecided).
 IN_PROCESS_TIMEOUT_MS = 3000
 
 
@@ -139,7 +141,8 @@ class InProcessTarget:
         config = load_files([("cluster.yaml", CONFIG)])
         self.settings = Settings(redis_url=url, backend_timeout_ms=IN_PROCESS_TIMEOUT_MS)
         self.metrics = Metrics()
-        self.backend = RedisBackend(url, timeout_ms=IN_PROCESS_TIMEOUT_MS)
+        self.backend = RedisBackend(url, timeout_ms=IN_PROCESS_TIMEOUT_MS,
+                                    connect_timeout_ms=IN_PROCESS_TIMEOUT_MS)
         self.limiter = RateLimiter(lambda: config, self.backend, self.settings, self.metrics)
 
     def client(self) -> Any:
