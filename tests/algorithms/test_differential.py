@@ -203,7 +203,7 @@ def _run(
     binary_only: bool = False,
 ) -> None:
     with asyncio.Runner() as runner:
-        redis = Guarded(RedisBackend(redis_url, timeout_ms=2000))
+        redis = Guarded(RedisBackend(redis_url, timeout_ms=2000, connect_timeout_ms=2000))
 
         def run_one(trace: Trace) -> None:
             for _ in range(ATTEMPTS):  # fresh keys on every attempt

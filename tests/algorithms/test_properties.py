@@ -65,7 +65,7 @@ async def backend(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterat
     if request.param == "memory":
         yield MemoryBackend(sweep_interval=0)
         return
-    redis = RedisBackend(redis_url, timeout_ms=2000)
+    redis = RedisBackend(redis_url, timeout_ms=2000, connect_timeout_ms=2000)
     yield Guarded(redis)
     await redis.close()
 
@@ -83,7 +83,7 @@ def _on_both_backends(
 ) -> None:
     """Hypothesis over `traces`, each example run on a fresh MemoryBackend and on Redis."""
     with asyncio.Runner() as runner:
-        redis = Guarded(RedisBackend(redis_url, timeout_ms=2000))
+        redis = Guarded(RedisBackend(redis_url, timeout_ms=2000, connect_timeout_ms=2000))
 
         @given(trace=traces)
         @HYPOTHESIS
@@ -281,7 +281,7 @@ async def test_calendar_debt_is_owed_for_the_whole_next_month_memory() -> None:
 
 
 async def test_calendar_debt_is_owed_for_the_whole_next_month_redis(redis_url: str) -> None:
-    redis = RedisBackend(redis_url, timeout_ms=2000)
+    redis = RedisBackend(redis_url, timeout_ms=2000, connect_timeout_ms=2000)
     try:
         limiter = _limiter(redis)
         now = _ms("2026-02-10T00:00Z")

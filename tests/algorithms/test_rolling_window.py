@@ -205,7 +205,7 @@ descriptors:
 
 async def test_local_cache_keeps_a_key_only_until_its_own_window_end(redis_url: str) -> None:
     config = load_files([("roll.yaml", CONFIG)])
-    backend = RedisBackend(redis_url, timeout_ms=2000)
+    backend = RedisBackend(redis_url, timeout_ms=2000, connect_timeout_ms=2000)
     await backend.start()
     try:
         limiter = RateLimiter(

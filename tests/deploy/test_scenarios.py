@@ -101,7 +101,7 @@ async def limiter_for(store_url: str | None) -> AsyncIterator[Callable[[str], Ra
         if store_url is None:
             backend: Any = MemoryBackend(sweep_interval=0)
         else:
-            backend = RedisBackend(store_url, timeout_ms=2000)
+            backend = RedisBackend(store_url, timeout_ms=2000, connect_timeout_ms=2000)
         backends.append(backend)
         settings = Settings(backend_timeout_ms=2000, local_cache=False)
         return RateLimiter(lambda: config, backend, settings, Metrics())
@@ -536,7 +536,7 @@ async def test_usage_counts_the_first_call_after_a_script_flush_once(redis_serve
     one after Redis lost its scripts (restart, failover, SCRIPT FLUSH)."""
     redis_server.client().script_flush()
     config = load_paths([str(scenario("open-platform"))])
-    backend = RedisBackend(redis_url, timeout_ms=2000)
+    backend = RedisBackend(redis_url, timeout_ms=2000, connect_timeout_ms=2000)
     lim = RateLimiter(lambda: config, backend, Settings(backend_timeout_ms=2000), Metrics())
     try:
         now = T_HOUR + 1000

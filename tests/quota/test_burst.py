@@ -115,7 +115,7 @@ async def test_a_burst_over_a_shared_limit_gets_nearly_all_of_it_within_its_wind
 
 async def test_the_same_burst_on_redis(redis_url: str) -> None:
     clock = Clock()
-    store = RedisBackend(redis_url, timeout_ms=2000)
+    store = RedisBackend(redis_url, timeout_ms=2000, connect_timeout_ms=2000)
     await store.start()
     try:
         store.clock.now_ms = lambda: int(clock() * 1000)  # type: ignore[method-assign]

@@ -117,7 +117,7 @@ async def test_another_replica_settles_once(redis_url: str) -> None:
     """Two rls replicas on one Redis: a reservation made on one is settled on the other, and
     the same settle sent to both at once applies once."""
     config = load_files([("llm.yaml", REPLICAS_YAML)])
-    backends = [RedisBackend(redis_url, timeout_ms=2000) for _ in range(2)]
+    backends = [RedisBackend(redis_url, timeout_ms=2000, connect_timeout_ms=2000) for _ in range(2)]
     for backend in backends:
         await backend.start()
     try:

@@ -22,7 +22,7 @@ def server() -> Iterator[RedisServer]:
 async def started(server: RedisServer) -> AsyncIterator[RedisBackend]:
     """A RedisBackend started on `server` (wire open, scripts loaded), its data flushed."""
     server.client().flushall()
-    b = RedisBackend(server.url, timeout_ms=5000)
+    b = RedisBackend(server.url, timeout_ms=5000, connect_timeout_ms=5000)
     await b.start()
     yield b
     await b.close()

@@ -41,7 +41,7 @@ def counts() -> list[float]:
 
 
 async def leased_backend(server: RedisServer, now: int = NOW) -> RedisBackend:
-    backend = RedisBackend(server.url, timeout_ms=5000, leases=counts())
+    backend = RedisBackend(server.url, timeout_ms=5000, connect_timeout_ms=5000, leases=counts())
     assert backend.leases is not None
     backend.leases._now_ms = lambda: now
     await backend.start()

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.redis
 async def backend(server: RedisServer):
     server.client().flushall()
     server.client().script_flush()
-    b = RedisBackend(server.url, timeout_ms=5000)
+    b = RedisBackend(server.url, timeout_ms=5000, connect_timeout_ms=5000)
     yield b
     await b.close()
 

@@ -47,7 +47,7 @@ def test_a_failed_reading_keeps_the_previous_offset():
 
 
 async def test_start_reads_the_store_clock(server: RedisServer):
-    backend = RedisBackend(server.url, timeout_ms=2000)
+    backend = RedisBackend(server.url, timeout_ms=2000, connect_timeout_ms=2000)
     try:
         backend.clock._offset_ms += HOUR_MS  # this host's clock an hour off
         await backend.start()
@@ -80,7 +80,7 @@ async def test_a_skewed_host_counts_in_the_store_window(server: RedisServer):
 
 
 async def test_a_store_clock_far_from_the_host_is_logged(server: RedisServer, caplog):
-    backend = RedisBackend(server.url, timeout_ms=2000)
+    backend = RedisBackend(server.url, timeout_ms=2000, connect_timeout_ms=2000)
     try:
         with caplog.at_level("WARNING", logger="rls.backend"):
             await backend.clock.sync_in(backend._probe_thread,

@@ -298,7 +298,7 @@ async def test_a_request_reads_the_store_clock_once_across_slots(cluster):
     from rls.core.model import Check
     from rls.stores.windows import window_key
 
-    backend = RedisBackend(cluster.url, timeout_ms=5000)
+    backend = RedisBackend(cluster.url, timeout_ms=5000, connect_timeout_ms=5000)
     await backend.start()
     try:
         lim = Limit(3, Unit.MINUTE)

@@ -45,7 +45,8 @@ async def test_an_equal_candidate_reports_the_live_over_limits_across_cluster_sl
     monkeypatch.setattr(redis_connect, "RedisCluster", _ClusterWithoutRetryOnTimeout)
     config = load_files([("cc.yaml", CONFIG)])
     metrics = Recording()
-    backend = RedisBackend(fresh_cluster.url, timeout_ms=IN_PROCESS_TIMEOUT_MS)
+    backend = RedisBackend(fresh_cluster.url, timeout_ms=IN_PROCESS_TIMEOUT_MS,
+                           connect_timeout_ms=IN_PROCESS_TIMEOUT_MS)
     settings = Settings(redis_url=fresh_cluster.url, backend_timeout_ms=IN_PROCESS_TIMEOUT_MS,
                         local_cache=False)
     limiter = RateLimiter(lambda: config, backend, settings, metrics)
@@ -85,7 +86,8 @@ async def test_quota_stream_candidates_count_across_cluster_slots(
     from quota.test_service import actions, report
 
     monkeypatch.setattr(redis_connect, "RedisCluster", _ClusterWithoutRetryOnTimeout)
-    backend = RedisBackend(fresh_cluster.url, timeout_ms=IN_PROCESS_TIMEOUT_MS)
+    backend = RedisBackend(fresh_cluster.url, timeout_ms=IN_PROCESS_TIMEOUT_MS,
+                           connect_timeout_ms=IN_PROCESS_TIMEOUT_MS)
     await backend.start()
     try:
         stream, metrics, _ = quota(CONFIG, backend)

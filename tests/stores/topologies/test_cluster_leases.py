@@ -25,7 +25,7 @@ NOW = 1_700_000_000_000 + 1_234
 
 
 async def leasing(url: str) -> RedisBackend:
-    backend = RedisBackend(url, timeout_ms=5000, leases=[0.0] * 6)
+    backend = RedisBackend(url, timeout_ms=5000, connect_timeout_ms=5000, leases=[0.0] * 6)
     assert backend.leases is not None
     backend.leases._now_ms = lambda: NOW
     await backend.start()
