@@ -50,7 +50,8 @@ async def memory_or_redis(request: pytest.FixtureRequest) -> AsyncIterator[Backe
     if request.param == "memory":
         yield MemoryBackend(sweep_interval=0)
         return
-    store = RedisBackend(request.getfixturevalue("redis_url"), timeout_ms=2000)
+    store = RedisBackend(request.getfixturevalue("redis_url"), timeout_ms=2000,
+                         connect_timeout_ms=2000)
     await store.start()
     yield store
     await store.close()
@@ -92,6 +93,9 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
+PORT_ATTEMPTS = 3  # rls_factory: starts on new ports after a port was taken before rls bound it
+
+
 @pytest.fixture
 def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
     """Start `python -m rls serve` with the given config paths and extra flags/env."""
@@ -99,6 +103,27 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
 
     def start(*config: str | Path, args: tuple[str, ...] = (), env: dict[str, str] | None = None,
               wait_healthy: bool = True) -> RlsProcess:
+        # A port free_port() found free can be taken before rls binds it (an outgoing
+        # connection's ephemeral port): rls then exits saying so, and is started again on
+        # other ports. Any other failure to become healthy fails the test.
+        for attempt in range(PORT_ATTEMPTS):
+            rls = spawn(config, args, env)
+            if not wait_healthy:
+                return rls
+            try:
+                wait_until(lambda r=rls: r.proc.poll() is not None
+                           or http_get(r.http_url + "/healthcheck")[0] == 200,
+                           timeout=30.0, what="rls /healthcheck")
+            except TimeoutError:
+                raise AssertionError(f"rls did not become healthy:\n{rls.log()}") from None
+            if rls.proc.poll() is None:
+                return rls
+            if "is already in use" not in rls.log() or attempt == PORT_ATTEMPTS - 1:
+                raise AssertionError(f"rls exited before it was healthy:\n{rls.log()}")
+        raise AssertionError("unreachable")
+
+    def spawn(config: tuple[str | Path, ...], args: tuple[str, ...],
+              env: dict[str, str] | None) -> RlsProcess:
         grpc_port, http_port, extproc_port = free_port(), free_port(), free_port()
         cmd = [sys.executable, "-m", "rls", "serve",
                "--grpc-addr", f"127.0.0.1:{grpc_port}",
@@ -115,12 +140,6 @@ def rls_factory(tmp_path: Path) -> Iterator[Callable[..., RlsProcess]]:
                                     cwd=str(ROOT))
         rls = RlsProcess(proc, grpc_port, http_port, log_path, extproc_port)
         started.append(rls)
-        if wait_healthy:
-            try:
-                wait_until(lambda: http_get(rls.http_url + "/healthcheck")[0] == 200,
-                           timeout=30.0, what="rls /healthcheck")
-            except TimeoutError:
-                raise AssertionError(f"rls did not become healthy:\n{rls.log()}") from None
         return rls
 
     yield start

@@ -28,7 +28,8 @@ async def limiter(request):
     if request.param == "memory":
         backend = MemoryBackend(sweep_interval=0)
     else:
-        backend = RedisBackend(request.getfixturevalue("redis_url"), timeout_ms=1000)
+        backend = RedisBackend(request.getfixturevalue("redis_url"), timeout_ms=1000,
+                               connect_timeout_ms=1000)
         await backend.start()
     settings = Settings(local_cache=False)
     yield RateLimiter(lambda: config, backend, settings, Metrics())
